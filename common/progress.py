@@ -10,6 +10,7 @@ still says how far it is. Two deployment settings steer it:
 | `EDGEDISTILL_PROGRESS_INTERVAL` | `30`    | seconds between status lines                                |
 """
 
+import math
 import os
 import sys
 import time
@@ -40,8 +41,8 @@ def interval() -> float:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
-    if seconds <= 0:
-        raise SettingError(f"{PROGRESS_INTERVAL_VAR}={raw!r}: expected a positive number of seconds")
+    if not 0 < seconds < math.inf:  # also refuses nan, which would never print a line
+        raise SettingError(f"{PROGRESS_INTERVAL_VAR}={raw!r}: expected a positive, finite number of seconds")
     return seconds
 
 

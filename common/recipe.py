@@ -467,9 +467,11 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
     return str((folder / value).resolve()) if folder is not None and value.startswith(settings.RELATIVE) else value
 
 
-def apply_override(raw: dict, dotted: str, value) -> None:
+def apply_override(raw: dict, dotted: str, value, given: str = "") -> None:
     """Set `raw[a][b][c] = value` for `dotted = "a.b.c"`, creating sections (`Overridden`) as needed; a null drops a
-    mapping, as `key: null` does in a recipe that extends another (`_merge`): `--export.cascades=null`."""
+    mapping, as `key: null` does in a recipe that extends another (`_merge`): `--export.cascades=null`. `given`: what
+    sets it, as errors name it (default: the override `--a.b.c`)."""
+    given = given or f"override --{dotted}"
     *parents, leaf = dotted.split(".")
     node = raw
     for depth, key in enumerate(parents):
@@ -479,11 +481,11 @@ def apply_override(raw: dict, dotted: str, value) -> None:
         child = node.setdefault(key, Overridden())
         if child is None:
             raise RecipeError(
-                f"override --{dotted}: the recipe sets {where} to null, so it has no {where} to set a key of: write "
+                f"{given}: the recipe sets {where} to null, so it has no {where} to set a key of: write "
                 f"the {where} section in the recipe, or give it whole (--{where}={{...}})"
             )
         if not isinstance(child, dict):
-            raise RecipeError(f"override --{dotted}: {where} is a setting, not a section")
+            raise RecipeError(f"{given}: {where} is a setting, not a section")
         node = child
     if value is None and isinstance(node.get(leaf), dict):
         del node[leaf]
@@ -501,6 +503,8 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
     """`["--a.b=1", "--c=x"]` -> `{"a.b": 1, "c": "x"}`; values are YAML scalars, or a mapping or list (`{lr: 1e-4}`)."""
     out = {}
     for index, arg in enumerate(args):
+        if arg.startswith("--") and arg[2:] in Recipe.model_fields:  # `--name x`: a recipe key, its value after a space
+            raise RecipeError(f"{arg}: an override gives its value after =, not a space: {arg}=VALUE")
         if arg.startswith("--") and not {".", "="} & set(arg):  # a misspelt option, more likely than an override
             raise RecipeError(f"{arg}: no such option (--help lists them), nor an override (--section.key=value)")
         if not arg.startswith("--") or "=" not in arg:
@@ -709,22 +713,30 @@ def _refuse_inherited_splits(path: Path, top: dict, base: dict, merged: dict, ba
 
 
 RECIPE_HELP = "recipe file, or the name of a shipped recipe: recipes/sst2.yaml, sst2"
-# An override to show in a command's help, from the first of these sections it reads: one it takes
+# The override a command's help shows (as `edgedistill` names the command): a setting its own stages are built from,
+# at a value no shipped recipe has. The report and the headline have none: an override only makes runs look stale.
 OVERRIDE_EXAMPLES = {
-    "bench.models": "bench.models.threads=1",
-    "bench.serving": "bench.serving.repeats=1",
-    "bench.peers": "bench.peers.workers=1",
-    "bench.scaling": "bench.scaling.workers=[1,2,4]",
-    "loadtest.timeout_s": "loadtest.timeout_s=5",
+    "pretrain": "pretrain.optim.lr=5e-4",
     "finetune": "finetune.optim.lr=5e-5",
+    "teacher": "finetune.optim.lr=5e-5",
+    "labeller": "export.opset=18",
+    "transfer": "transfer.n_iter=5",
+    "distill": "transfer.n_iter=5",  # it builds the transfer set first
+    "bundles": "export.opset=18",
+    "bench models": "bench.models.threads=4",
+    "bench serving": "bench.serving.repeats=5",
+    "bench accuracy": "export.tie_margin=0.05",
+    "bench cascade": "bench.serving.repeats=5",
+    "bench peers": "bench.peers.workers=1",
+    "bench scaling": "bench.scaling.workers=[1,2,4]",
+    "loadtest": "loadtest.timeout_s=30",
 }
 
 
 def overrides_help(command: str) -> str:
-    """The line of `command`'s help that says how to override the recipe, with an override it takes where one of
-    `OVERRIDE_EXAMPLES` is."""
-    read = sections.reads(command)
-    example = next((f", e.g. --{key}" for section, key in OVERRIDE_EXAMPLES.items() if section in read), "")
+    """The line of `command`'s help that says how to override the recipe, with its `OVERRIDE_EXAMPLES` where it has
+    one."""
+    example = f", e.g. --{OVERRIDE_EXAMPLES[command]}" if command in OVERRIDE_EXAMPLES else ""
     return f"Further --section.key=value arguments override the recipe{example} (every key: {guide.page('settings.md', 'recipe')})."
 
 
@@ -788,7 +800,11 @@ def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) ->
     # keeps EDGEDISTILL_DEVICE
     for variable, key in settings.ENV_OVERRIDES.items():
         if os.environ.get(variable) and not _sets(overrides or {}, key):
-            apply_override(raw, key, os.environ[variable])
+            given = f"{variable}={os.environ[variable]}, which sets {key}"
+            try:
+                apply_override(raw, key, os.environ[variable], given)
+            except RecipeError as err:
+                raise RecipeError(f"{path}: {err}") from None
             origins[key] = settings.env_source(key)
     try:
         return Recipe.model_validate(raw)
@@ -885,8 +901,9 @@ def load_command_recipe(path: str | Path, overrides: dict[str, object], command:
 
 def _read_by(key: str) -> str:
     """Where a refused override of a shared section's part belongs (`, or give it to edgedistill bench peers`): the
-    commands that read it are few, where those of another section are most of them."""
-    readers = sections.readers(key) if sections.scope(key) != key.partition(".")[0] else []
+    commands that read that part alone, which are few, where those that read its whole section are most of them."""
+    section = key.partition(".")[0]
+    readers = [command for command in sections.readers(key) if section not in sections.reads(command)]
     return f", or give it to {' or '.join(f'edgedistill {command}' for command in readers)}" if readers else ""
 
 
@@ -985,7 +1002,8 @@ def _new_entry(error: dict, raw: dict) -> str:
 
 def _message(error: dict) -> str:
     """Pydantic's message, or where it names no valid value: for an unknown key, the nearest known one and every key
-    its section takes; for a value off a pattern, the values the setting's description gives."""
+    its section takes; for a value off a pattern, the values the setting's description gives; for a whole number YAML
+    1.1 read as text (`5e4`), the number written out."""
     loc = error["loc"]
     if error["type"] == "extra_forbidden" and (section := schema.section_at(Recipe, loc[:-1])):
         keys = list(section.model_fields) + ([] if loc[:-1] else ["extends"])  # read before the schema sees the rest
@@ -1009,10 +1027,24 @@ def _message(error: dict) -> str:
     ):
         section = ".".join(str(p) for p in loc[:-1])
         return f"none left: give at least one, or drop the section to build none ({section}: null)"
+    if error["type"] == "int_parsing" and (whole := _whole_number(error["input"])) is not None:
+        return (
+            f"YAML 1.1 reads {error['input']} as text, not a number (a number with an exponent needs a dot and a "
+            f"signed exponent: 5.0e+4): write it out, {whole}"
+        )
     field = schema.field_at(Recipe, loc)
     if error["type"] == "string_pattern_mismatch" and field and field.description:
         return f"{error['input']!r} is not valid: give {field.description}"
     return error["msg"].removeprefix("Value error, ")
+
+
+def _whole_number(text) -> int | None:
+    """The whole number `text` writes with an exponent (`5e4`, `1.5e1`), which YAML 1.1 reads as text; else None."""
+    try:
+        number = float(text)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number.is_integer() else None
 
 
 def _off_pattern(loc: tuple, value) -> str | None:

@@ -3,9 +3,11 @@
 A command reads the sections its stages hash (`Stage.settings`), those its stages' parents hash (through their
 hashes: `distill --finetune.optim.lr=...` makes the teacher stale, and the command says so), and those it reads
 without hashing them (`runtime`: where it trains; `tracking`: where its stages log; `export.deploy`: the bundle a
-benchmark serves by default). Every command reads `name`, its run folder. `bench` and `loadtest` are shared: each
-benchmark reads its own subsection (`bench.serving`, `bench.peers`, ...), and a load test the settings every profile
-shares (`loadtest.timeout_s`, ...) and its own profile's (`loadtest --profile steady` reads `loadtest.steady`).
+benchmark serves by default). Every command reads `name`, its run folder. `bench`, `export` and `loadtest` are
+shared: each benchmark reads its own subsection (`bench.serving`, `bench.peers`, ...) and of `export` the bundle it
+serves by default (`export.deploy`; `bench accuracy` the near-tie margin too, `bench cascade` the whole section), and a
+load test the settings every profile shares (`loadtest.timeout_s`, ...) and its own profile's (`loadtest --profile
+steady` reads `loadtest.steady`).
 `common.recipe.load_command_recipe` refuses an override of any other section; `edgedistill all` gives each command it
 runs those of the sections it reads, and refuses one that none of them reads.
 """
@@ -14,7 +16,7 @@ from typing import get_args
 
 from edgedistill.common.config.measure import LoadtestConfig, Profile
 
-SHARED = ("bench", "loadtest")  # sections whose subsections different commands read
+SHARED = ("bench", "export", "loadtest")  # sections whose subsections different commands read
 PROFILES: tuple[str, ...] = get_args(Profile)  # a load test's, each a subsection of `loadtest`
 DEFAULT_PROFILE = "smoke"  # the one `edgedistill loadtest RECIPE` runs without --profile
 PROFILE = "PROFILE"  # a load test's own profile, as its help names it: the one its --profile gives
@@ -22,7 +24,7 @@ LOADTEST = tuple(f"loadtest.{key}" for key in LoadtestConfig.model_fields if key
 EVERY = ("name",)  # the run folder's name: every command writes or reads runs/<name>/
 TEACHER = ("data", "model", "pretrain", "finetune")  # what the teacher is built from
 TRAINED = (*TEACHER, "transfer", "distill", "export")  # ... and the transfer set (its labeller too) and the students
-_BENCH = ("data", "export", "tracking")  # a benchmark of a served bundle: the dev split, the deployed bundle's id
+_BENCH = ("data", "export.deploy", "tracking")  # a benchmark of a served bundle: the dev split, the deployed bundle
 READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> the sections it reads
     # pretraining checks finetune.reinit_layers and finetune.pooling against the model; the teacher's commands warn
     # about missing transfer.unlabelled_files, and about students the distill stage would refuse, before hours of
@@ -37,8 +39,8 @@ READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> 
     "bundles": (*TRAINED, "tracking"),
     "bench models": (*TRAINED, "bench.models", "runtime", "tracking"),  # the teacher in PyTorch on runtime.device
     "bench serving": (*_BENCH, "bench.serving"),
-    "bench accuracy": _BENCH,
-    "bench cascade": (*_BENCH, "bench.serving"),
+    "bench accuracy": (*_BENCH, "export.tie_margin"),  # a near-tie's margin
+    "bench cascade": ("data", "export", "tracking", "bench.serving"),  # the cascades, their members' bundles
     "bench peers": (*_BENCH, "bench.peers"),
     "bench scaling": (*_BENCH, "bench.scaling"),
     "loadtest": (*_BENCH, *LOADTEST),  # and its own profile's settings (`named`)

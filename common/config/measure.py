@@ -163,7 +163,8 @@ class ServingBenchConfig(Strict):
     paced_slo: SloConfig = Field(
         SloConfig(),
         description="what the server must meet when paced at `rate`: latencies (timed from each call's due time) as "
-        "medians over the repeats, the error rate and rate share over every repeat's calls together",
+        "medians over the repeats, the error rate over every repeat's calls together, the rate share of the repeat "
+        "with the least",
     )
     min_capacity_vs_echo: float | None = Field(
         None, gt=0, description="capacity target: the server's single-text calls/s / the echo server's"

@@ -424,8 +424,6 @@ class StudentConfig(Strict):
         if self.arch == "bilstm" and self.num_layers != 1:
             # Padding invariance without packed sequences (see BiLSTMClassifier) holds for one layer only.
             raise ValueError(f"bilstm supports num_layers=1, got {self.num_layers}")
-        if any(k < 1 for k in self.kernel_sizes):
-            raise ValueError(f"kernel_sizes must be positive, got {self.kernel_sizes}")
         if self.vocab_size is not None and self.pad_token_id >= self.vocab_size:
             raise ValueError(f"pad_token_id={self.pad_token_id} is outside vocab_size={self.vocab_size}")
         return self

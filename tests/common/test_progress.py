@@ -137,7 +137,14 @@ def test_messages_print_in_every_mode(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize(
-    ("variable", "value"), [(settings.PROGRESS_VAR, "loud"), (settings.PROGRESS_INTERVAL_VAR, "-1")]
+    ("variable", "value"),
+    [
+        (settings.PROGRESS_VAR, "loud"),
+        (settings.PROGRESS_INTERVAL_VAR, "-1"),
+        (settings.PROGRESS_INTERVAL_VAR, "nan"),
+        (settings.PROGRESS_INTERVAL_VAR, "inf"),
+        (settings.PROGRESS_INTERVAL_VAR, "1e400"),
+    ],
 )
 def test_a_bad_setting_names_the_variable(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)

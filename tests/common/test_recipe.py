@@ -8,7 +8,14 @@ from edgedistill.common.config import training
 from edgedistill.common.config.export import DYNAMIC_INT8_OPS
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.providers import PROVIDERS
-from edgedistill.common.recipe import RecipeError, load_command_recipe, load_recipe, parse_overrides, run_dir
+from edgedistill.common.recipe import (
+    RecipeError,
+    load_command_recipe,
+    load_recipe,
+    overrides_help,
+    parse_overrides,
+    run_dir,
+)
 from edgedistill.common.settings import SettingError
 from onnxruntime import get_all_providers
 from onnxruntime.quantization.registry import IntegerOpsRegistry
@@ -373,6 +380,11 @@ def test_a_folder_without_recipe_files_given_as_the_recipe_says_it_is_a_folder(t
 def test_a_misspelt_option_is_not_called_a_malformed_override():
     with pytest.raises(RecipeError, match=r"^--froce: no such option \(--help lists them\), nor an override"):
         parse_overrides(["--froce"])
+
+
+def test_a_recipe_key_given_its_value_after_a_space_is_refused_saying_to_write_it_after_an_equals_sign():
+    with pytest.raises(RecipeError, match=r"^--name: an override gives its value after =, not a space: --name=VALUE$"):
+        parse_overrides(["--name", "x"])
 
 
 def test_a_misspelt_recipe_file_is_answered_with_the_file_beside_it(tmp_path):
@@ -1721,7 +1733,7 @@ def test_an_override_of_a_section_the_command_does_not_read_names_the_command():
 
 
 def test_an_override_of_a_section_the_command_does_not_read_names_the_sections_it_reads():
-    assert "(it reads name, data, export, tracking, bench.serving)" in refusal({"runtime.device": "cuda"})
+    assert "(it reads name, data, export.deploy, tracking, bench.serving)" in refusal({"runtime.device": "cuda"})
 
 
 def test_an_override_of_another_benchmarks_subsection_is_refused():
@@ -1755,6 +1767,28 @@ def test_an_override_of_another_profiles_settings_names_the_load_test_that_reads
 
 def test_an_override_of_another_benchmarks_subsection_names_the_benchmark_that_reads_it():
     assert refusal({"bench.peers.workers": 1}).endswith("drop it, or give it to edgedistill bench peers")
+
+
+def test_an_override_of_how_a_bundle_is_built_is_refused_by_a_benchmark():
+    assert "reads no export.bundles setting" in refusal({"export.bundles.cnn-folded.precision": "int8"})
+
+
+def test_an_override_of_a_section_a_benchmark_reads_part_of_names_no_command_that_reads_it_whole():
+    assert refusal({"export.opset": 18}).endswith("change nothing: drop it")
+
+
+def test_an_override_of_the_near_tie_margin_names_the_benchmark_that_reads_it():
+    assert refusal({"export.tie_margin": 0.1}).endswith("drop it, or give it to edgedistill bench accuracy")
+
+
+def test_an_override_of_the_deployed_bundle_is_taken_by_a_benchmark():
+    recipe = load_command_recipe(SMOKE, {"export.deploy": "cnn-int8"}, "bench serving", "edgedistill bench serving")
+    assert recipe.export.deploy == "cnn-int8"
+
+
+@pytest.mark.parametrize("command", ["report", "headline"])
+def test_the_report_and_the_headline_show_no_override_example(command):
+    assert "e.g." not in overrides_help(command)
 
 
 def test_an_override_of_a_section_no_command_shares_names_no_command_that_reads_it():
@@ -1924,6 +1958,16 @@ def test_a_recipe_holding_a_number_yaml_reads_as_octal_is_refused_naming_its_lin
         load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {seed: 010}}\n"))
 
 
+def test_a_whole_number_yaml_reads_as_text_for_its_exponent_is_refused_written_out():
+    with pytest.raises(RecipeError, match=r"max_steps: YAML 1\.1 reads 1e3 as text, not a number .*write it out, 1000"):
+        load_recipe(SMOKE, parse_overrides(["--finetune.optim.max_steps=1e3"]))
+
+
+def test_a_number_with_a_fraction_yaml_reads_as_text_is_not_said_to_be_whole():
+    with pytest.raises(RecipeError, match=r"max_steps: Input should be a valid integer"):
+        load_recipe(SMOKE, parse_overrides(["--finetune.optim.max_steps=1.5e0"]))
+
+
 def test_a_quoted_number_in_another_base_is_text():
     assert parse_overrides(["--x=['010']"]) == {"x": ["010"]}
 
@@ -1977,6 +2021,16 @@ def test_the_device_variable_stays_beside_a_mapping_override_of_its_section(monk
 def test_a_mapping_override_that_sets_the_device_wins_over_the_variable(monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
     assert load_recipe(SMOKE, parse_overrides(["--runtime={device: auto}"])).runtime.device == "auto"
+
+
+def test_a_device_variable_the_recipe_cannot_take_is_named_with_the_file_not_as_an_override(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_DEVICE", "cpu")
+    recipe = write(tmp_path, MINIMAL + "runtime: cpu\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe)
+    assert str(err.value) == (
+        f"{recipe}: EDGEDISTILL_DEVICE=cpu, which sets runtime.device: runtime is a setting, not a section"
+    )
 
 
 def test_an_extends_override_is_refused_saying_the_recipe_file_names_it():

@@ -1,15 +1,18 @@
 """The recipe sections each command reads (common.sections), against what its stages hash."""
 
+import re
 from functools import partial
 
 import pytest
 from edgedistill.common import sections
-from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.recipe import load_recipe, overrides_help, parse_overrides, run_dir
 from edgedistill.common.stage import Stage
 
 from tests.conftest import ROOT
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
+# the commands that serve one bundle, by default the deployed one
+BENCHMARKS_OF_A_BUNDLE = ["bench serving", "bench accuracy", "bench peers", "bench scaling", "loadtest"]
 
 
 def test_an_override_in_a_shared_section_sets_its_subsection():
@@ -66,6 +69,24 @@ def test_a_benchmarks_setting_is_read_by_the_commands_that_run_it():
     assert sections.readers("bench.serving.threads") == ["bench serving", "bench cascade"]
 
 
+@pytest.mark.parametrize("command", BENCHMARKS_OF_A_BUNDLE)
+def test_a_benchmark_of_a_bundle_does_not_read_how_bundles_are_built(command):
+    assert sections.outside(["export.bundles.cnn-folded.precision"], command) == ["export.bundles.cnn-folded.precision"]
+
+
+@pytest.mark.parametrize("command", BENCHMARKS_OF_A_BUNDLE)
+def test_a_benchmark_of_a_bundle_reads_the_bundle_it_serves_by_default(command):
+    assert sections.outside(["export.deploy"], command) == []
+
+
+def test_the_accuracy_benchmark_reads_the_near_tie_margin():
+    assert sections.outside(["export.tie_margin"], "bench accuracy") == []
+
+
+def test_the_cascade_benchmark_reads_the_cascades():
+    assert sections.outside(["export.cascades.bilstm-cascade.target_agreement"], "bench cascade") == []
+
+
 @pytest.mark.parametrize("command", ["pretrain", "finetune", "teacher"])
 def test_the_teachers_commands_read_the_students_they_warn_about(command):
     assert sections.outside(["distill.students.cnn.optim.lr"], command) == []
@@ -86,20 +107,28 @@ def test_every_command_reads_the_run_name(command):
 
 
 def hashed(stage: Stage) -> set[str]:
-    """The sections of every setting `stage` and its parent stages hash."""
-    own = {sections.scope(key) for key in stage.settings}
+    """The settings (or sections) `stage` and its parent stages hash."""
+    own = set(stage.settings)
     return own.union(*(hashed(parent) for parent in stage.parents if isinstance(parent, Stage)))
 
 
-def stages(command: str) -> list[Stage]:
-    """The stages `command` runs on recipes/smoke.yaml, built and not run."""
+def unread(keys: set[str], command: str) -> set[str]:
+    """Those of `keys` that are not a section `command` reads, nor inside one."""
+    read = sections.reads(command)
+    return {key for key in keys if not any(key == section or key.startswith(f"{section}.") for section in read)}
+
+
+def stages(command: str, overrides: dict | None = None) -> list[Stage]:
+    """The stages `command` runs on recipes/smoke.yaml (with `overrides`), built and not run."""
     from edgedistill.bench import accuracy, cascade, model_stage, scaling, serving
     from edgedistill.bench.peers import compare
     from edgedistill.distill import stages as trained
     from edgedistill.export import stages as exported
     from edgedistill.loadtests import runner
 
-    recipe = load_recipe(SMOKE, {"transfer.labeller": "teacher-int8", "transfer.relabel_margin": 1.0})
+    recipe = load_recipe(
+        SMOKE, {"transfer.labeller": "teacher-int8", "transfer.relabel_margin": 1.0, **(overrides or {})}
+    )
     bundle = run_dir(recipe) / f"bundle-{recipe.export.deploy}"
     return {
         **{
@@ -121,12 +150,13 @@ def stages(command: str) -> list[Stage]:
     }[command]()
 
 
-@pytest.mark.parametrize(
-    "command", [command for command in sections.READS if command not in ("report", "headline")]
-)  # the report's stage needs finished stages to be made, and the headline runs no stage
+# the report's stage needs finished stages to be made, and the headline runs no stage
+STAGED = [command for command in sections.READS if command not in ("report", "headline")]
+
+
+@pytest.mark.parametrize("command", STAGED)
 def test_a_command_reads_every_section_its_stages_and_their_parents_hash(command):
-    read = set(sections.reads(command))
-    assert set().union(*(hashed(stage) for stage in stages(command))) - read == set()
+    assert unread(set().union(*(hashed(stage) for stage in stages(command))), command) == set()
 
 
 @pytest.mark.parametrize("profile", sections.PROFILES)
@@ -135,4 +165,15 @@ def test_a_load_test_reads_every_section_its_profiles_stage_hashes(profile):
 
     recipe = load_recipe(SMOKE)
     stage = runner.stage(recipe, profile, run_dir(recipe) / f"bundle-{recipe.export.deploy}")
-    assert hashed(stage) - set(sections.reads(sections.loadtest(profile))) == set()
+    assert unread(hashed(stage), sections.loadtest(profile)) == set()
+
+
+def own(built: list[Stage]) -> list[tuple[dict, dict]]:
+    """What each of `built` is built from besides its parents: its settings and `extra`."""
+    return [(stage.hashed["settings"], stage.hashed["extra"]) for stage in built]
+
+
+@pytest.mark.parametrize("command", STAGED)
+def test_the_override_a_commands_help_shows_changes_what_its_own_stages_are_built_from(command):
+    example = re.search(r"e\.g\. (--\S+) \(", overrides_help(command)).group(1)
+    assert own(stages(command, parse_overrides([example]))) != own(stages(command))
