@@ -137,6 +137,15 @@ BUILDING = (
     "report",
 )
 STEPS = (*BUILDING, "headline")
+# the optional recipe sections those of `STEPS` need that fail without them; the others run on any recipe
+NEEDS = {
+    "labeller": ("transfer", "export"),  # a bundle of `export` that `transfer.labeller` names
+    "transfer": ("transfer", "distill"),  # checks the students before labelling
+    "distill": ("transfer", "distill"),
+    **dict.fromkeys(
+        ("bundles", "bench models", "bench serving", "bench accuracy", "bench cascade", "loadtest"), ("export",)
+    ),
+}
 
 
 def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) -> list[list[str]]:
@@ -183,6 +192,24 @@ def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[li
     ]
 
 
+def refuse_missing_sections(recipe_file: str, overrides: list[str]) -> None:
+    """`RecipeError` where the recipe (with `overrides`) lacks a section a step needs (`NEEDS`), which would stop `all`
+    only once the stages before it, the teacher's training included, had run: naming the sections and the commands
+    that run on the recipe."""
+    from edgedistill.common.recipe import Recipe, RecipeError, load_recipe, parse_overrides
+
+    recipe = load_recipe(recipe_file, parse_overrides(overrides))
+    needed = [section for section in Recipe.model_fields if any(section in needs for needs in NEEDS.values())]
+    if not (missing := [section for section in needed if getattr(recipe, section) is None]):
+        return
+    running = [step for step in STEPS if not set(NEEDS.get(step, ())) & set(missing)]
+    raise RecipeError(
+        f"{recipe_file}: {PROG} all needs the sections {', '.join(needed[:-1])} and {needed[-1]}, and the recipe has no "
+        f"{' or '.join(missing)}: add {'it' if len(missing) == 1 else 'them'}, or run the commands that apply on "
+        f"their own ({', '.join(f'{PROG} {step}' for step in running)})"
+    )
+
+
 def run_stage(command: list[str]) -> int:
     """Run a stage's process to its end; its exit status as a shell gives it (128 + N where signal N killed it). Ctrl-C reaches the stage too: this waits while it stops
     and says so, where `subprocess.run` would kill it a quarter of a second later. Killed (SIGTERM, kill -9), this
@@ -216,8 +243,9 @@ def run_all(argv: list[str]) -> int:
     try:
         steps = pipeline(args.recipe, args.jobs, overrides, args.force)
         refuse_measured_variables()  # the benchmarks' refusal, before hours of training
+        refuse_missing_sections(args.recipe, overrides)  # the later stages' refusals of the recipe, likewise
         scenario_weights(parse_overrides(overrides), LOADTEST_PROFILE)  # the load test's refusals, likewise
-    except ValueError as err:  # a malformed override, one no stage reads, a variable no bench takes, scenario weights
+    except ValueError as err:  # a bad recipe or override, one no stage reads, a variable no bench takes, scenarios
         print(f"error: {err}", file=sys.stderr)
         return 2
     missed = 0

@@ -415,8 +415,12 @@ def test_all_gives_an_override_of_the_teachers_settings_to_a_stage_built_on_the_
 
 
 def test_all_gives_a_stage_an_override_it_does_not_read_that_the_recipe_needs_beside_one_it_reads(monkeypatch):
-    # the serving benchmark reads the bundles, not the students: a bundle of a student the recipe lacks cannot load
-    extra = ("--distill.students.extra.model.arch=cnn", "--export.bundles.cnn-folded.source=extra")
+    # the serving benchmark reads the deployed bundle's id alone: a bundle of a student the recipe lacks cannot load
+    extra = (
+        "--distill.students.extra.model.arch=cnn",
+        "--export.bundles.extra-fp32.source=extra",
+        "--export.deploy=extra-fp32",
+    )
     assert extra[0] in all_steps(monkeypatch, *extra)["bench serving"]
 
 
@@ -439,6 +443,20 @@ def test_all_leaves_out_of_a_stage_an_override_needed_only_beside_one_it_leaves_
 def test_all_gives_a_stage_that_reads_them_an_override_and_the_one_it_needs(monkeypatch):
     extra = ("--distill.students.extra.model.arch=cnn", "--distill.deploy=extra")
     assert all(override in all_steps(monkeypatch, *extra)["bundles"] for override in extra)
+
+
+def test_all_refuses_a_recipe_without_a_section_a_later_stage_needs_before_any_stage_runs(monkeypatch):
+    assert all_steps(monkeypatch, "--export=null") == {}
+
+
+def test_all_names_the_section_a_recipe_lacks_and_the_commands_that_apply(monkeypatch, capsys):
+    all_steps(monkeypatch, "--export=null")
+    commands = (
+        "edgedistill teacher, edgedistill transfer, edgedistill distill, edgedistill report, edgedistill headline"
+    )
+    assert f"the recipe has no export: add it, or run the commands that apply on their own ({commands})" in (
+        capsys.readouterr().err
+    )
 
 
 def test_all_refuses_an_override_no_stage_reads_before_any_stage_runs(monkeypatch):

@@ -93,11 +93,18 @@ def distilling(tiny, request) -> dict:
     return {"signal": request.param, "status": status, "output": output, "left": left}
 
 
+# a teacher of more epochs than the built one, and the export section `edgedistill all` needs (the tiny recipe has none)
+ALL_OVERRIDES = (
+    "--finetune.optim.epochs=30",
+    "--export={deploy: bilstm-fp32, bundles: {bilstm-fp32: {source: bilstm}}}",
+)
+
+
 @pytest.fixture(scope="module")
 def all_stages(tiny):
     """`edgedistill all` interrupted while its first stage trains (a teacher with more epochs than the built one)."""
     recipe, env = tiny
-    return interrupt_when(r"\[teacher\] building again", env, "all", str(recipe), "--finetune.optim.epochs=30")
+    return interrupt_when(r"\[teacher\] building again", env, "all", str(recipe), *ALL_OVERRIDES)
 
 
 def test_a_stopped_stage_exits_with_its_signals_status(distilling):
@@ -140,7 +147,7 @@ def pipeline_training(tiny, log: str) -> tuple[subprocess.Popen, Path]:
     path = Path(env["EDGEDISTILL_RUNS_DIR"]) / log
     with open(path, "w") as out:
         pipeline = subprocess.Popen(
-            [PYTHON, "-m", "edgedistill", "all", str(recipe), "--finetune.optim.epochs=30"],
+            [PYTHON, "-m", "edgedistill", "all", str(recipe), *ALL_OVERRIDES],
             cwd=ROOT,
             env=env,
             stdout=out,
