@@ -58,7 +58,9 @@ EXPOSE 50051 50052 8002
 # SERVING only after warm-up (with several workers, nothing listens before); NOT_SERVING while draining.
 # It asks EDGEDISTILL_HEALTH_PORT (above: a plaintext port with only the health check), which neither TLS nor the
 # call limit of the gRPC port (MAX_CONCURRENT_RPCS) can refuse; unset, off or 0, the gRPC port (serve/healthcheck.py).
-HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+# The start period is as long as the supervisor waits for a worker to serve (EDGEDISTILL_START_TIMEOUT_S, 120 s), so
+# a slow start is not called unhealthy before the server itself gives up on it.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD ["/opt/venv/bin/python", "-m", "edgedistill.serve.healthcheck"]
 ENTRYPOINT ["/opt/venv/bin/python", "-m", "edgedistill.serve"]
 

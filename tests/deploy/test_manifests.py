@@ -4,6 +4,7 @@ serving pins equal to pyproject.toml's extras. Pure file checks (no podman).
 """
 
 import ast
+import itertools
 import json
 import re
 import shlex
@@ -15,7 +16,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from edgedistill.serve.settings import load_settings
+from edgedistill.common.cascade import ServedModels
+from edgedistill.serve import workers
+from edgedistill.serve.settings import Settings, load_settings
 from edgedistill.serve.workers import STOP_MARGIN_S, worker_bytes
 from packaging.requirements import Requirement
 
@@ -23,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S_FILES = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
 K8S_VERSION = "1.30"  # the oldest Kubernetes the manifests target; native gRPC probes are GA since 1.27
 DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 # Each image: its ONNX Runtime extra and its pins.
 IMAGES = {"Dockerfile": ("cpu", "requirements-serve.txt"), "Dockerfile.gpu": ("gpu", "requirements-serve-gpu.txt")}
 RUNTIMES = {"onnxruntime", "onnxruntime-gpu"}  # the `cpu` and `gpu` extras; no other group may carry one
@@ -32,6 +36,8 @@ DEPLOYED_MODEL_BYTES = 131 << 20
 MEMORY_UNITS = {"Gi": 1 << 30, "Mi": 1 << 20, "g": 1 << 30, "m": 1 << 20}
 BUNDLE_MOUNT = "/models/bundle"
 HEALTHCHECK = ["/opt/venv/bin/python", "-m", "edgedistill.serve.healthcheck"]  # serve/healthcheck.py, in the image
+# how long a supervisor waits for a worker to serve before it kills it (the default, which the images keep)
+START_TIMEOUT_S = Settings.model_fields["start_timeout_s"].default
 FORBIDDEN = {"torch", "transformers"}  # the serving image carries neither
 # Imported by the server only for TensorRT engine bundles, which the GPU image serves.
 GPU_ONLY = {"tensorrt", "cuda"}
@@ -149,6 +155,60 @@ def test_termination_grace_covers_the_drain():
     assert pod["terminationGracePeriodSeconds"] > float(command[1]) + drain + STOP_MARGIN_S
 
 
+def test_the_pods_spread_over_the_nodes():
+    deployment = only("Deployment")
+    (spread,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["maxSkew"] == 1
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway", "a soft rule: a cluster of one node still runs every pod"
+    assert spread["labelSelector"] == {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}
+    assert (
+        spread["labelSelector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
+def uncommented(text: str) -> str:
+    """`text` with its commented-out YAML list items (`# - name: ...` and the `#   key: ...` lines below them, at the
+    same indentation) made live, as a reader uncommenting them would."""
+    lines, indent = [], None
+    for line in text.splitlines():
+        item = re.fullmatch(r"(\s*)# (- .*)", line)
+        if item:
+            indent = item[1]
+            lines.append(indent + item[2])
+        elif indent is not None and re.fullmatch(rf"{indent}#   \s*\S.*", line):
+            lines.append(indent + line[len(indent) + 2 :])
+        else:
+            indent = None
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def tls_deployment() -> dict:
+    """deploy/k8s/deployment.yaml with its commented-out TLS stanza turned on."""
+    (deployment,) = [
+        doc for doc in yaml.safe_load_all(uncommented((ROOT / "deploy/k8s/deployment.yaml").read_text())) if doc
+    ]
+    return deployment
+
+
+def test_the_deployments_tls_stanza_is_schema_valid():
+    kubernetes_validate.validate(tls_deployment(), K8S_VERSION, strict=True)
+
+
+def test_the_deployments_tls_stanza_reads_its_certificate_and_key_from_a_secret_mounted_read_only():
+    deployment = tls_deployment()
+    container = serve_container(deployment)
+    settings = container_settings(container)
+    assert settings.tls_cert is not None and settings.tls_key is not None, "EDGEDISTILL_TLS_CERT and _TLS_KEY"
+    volumes = {volume["name"]: volume for volume in deployment["spec"]["template"]["spec"]["volumes"]}
+    for path, key in ((settings.tls_cert, "tls.crt"), (settings.tls_key, "tls.key")):  # a `kubernetes.io/tls` Secret's
+        (mount,) = [m for m in container["volumeMounts"] if path.parent == Path(m["mountPath"])]
+        assert mount["readOnly"] is True
+        assert "secretName" in volumes[mount["name"]]["secret"]
+        assert path.name == key
+
+
 def test_a_workers_start_timeout_is_the_startup_probes_budget():
     container = serve_container(only("Deployment"))
     probe = container["startupProbe"]
@@ -214,16 +274,66 @@ def test_hpa_scales_the_deployment_on_cpu():
 # --- docker compose ---------------------------------------------------------------------------
 
 
-def compose_service() -> dict:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    return compose["services"]["serve"]
+COMPOSE_VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")  # ${NAME} and ${NAME:-default}, as compose reads them
 
 
-def test_the_compose_memory_limit_holds_its_workers_and_their_stalled_calls():
-    service = compose_service()
-    settings = load_settings([], environ={k: str(v) for k, v in service["environment"].items() if v is not None})
+def compose_text() -> str:
+    return (ROOT / "docker-compose.yml").read_text()
+
+
+def compose_service(shell: dict[str, str] | None = None) -> dict:
+    """The `serve` service as compose runs it from a shell with the variables `shell` (none by default): `${NAME:-x}`
+    is the shell's NAME where set and not empty, else x."""
+    text = COMPOSE_VARIABLE.sub(lambda m: (shell or {}).get(m[1]) or m[2] or "", compose_text())
+    return yaml.safe_load(text)["services"]["serve"]
+
+
+def compose_settings(service: dict):
+    # a key without a value passes the shell's variable, and none where the shell has none
+    return load_settings([], environ={k: str(v) for k, v in service["environment"].items() if v is not None})
+
+
+def small_box_shell() -> dict[str, str]:
+    """The shell variables docs/deploy.md's small edge boxes give `docker compose up`."""
+    (command,) = re.findall(r"`((?:[A-Z_]+=\S+ )+)docker compose up`", DEPLOY_DOC.read_text())
+    return dict(word.split("=", 1) for word in command.split())
+
+
+def compose_workers(service: dict, monkeypatch) -> int:
+    """The workers the compose service's server runs in its container's limits, with the deployed bundle: whole CPUs of
+    the quota (at least one), as many as its memory holds (`serve/workers.py` worker_count)."""
+    limits = service["deploy"]["resources"]["limits"]
+    monkeypatch.setattr(workers, "usable_cores", lambda: max(1, int(float(limits["cpus"]))))
+    monkeypatch.setattr(workers, "usable_memory", lambda: memory_bytes(limits["memory"]))
+    return workers.worker_count(compose_settings(service), ServedModels(DEPLOYED_MODEL_BYTES))
+
+
+@pytest.mark.parametrize("shell", ["defaults", "small box"])
+def test_the_compose_memory_limit_holds_its_workers_and_their_stalled_calls(shell, monkeypatch):
+    service = compose_service({} if shell == "defaults" else small_box_shell())
+    settings = compose_settings(service).model_copy(update={"workers": compose_workers(service, monkeypatch)})
     limit = memory_bytes(service["deploy"]["resources"]["limits"]["memory"])
     assert limit >= worst_case_bytes(settings)
+
+
+def test_the_compose_limits_are_two_cpus_and_2_gib_unless_the_shell_says_otherwise():
+    assert compose_service()["deploy"]["resources"]["limits"] == {"cpus": "2", "memory": "2g"}
+    small = small_box_shell()
+    limits = compose_service(small)["deploy"]["resources"]["limits"]
+    assert limits == {"cpus": small["SERVE_CPUS"], "memory": small["SERVE_MEMORY"]}, "docs/deploy.md's small box"
+
+
+def test_the_compose_workers_follow_its_cpu_limit(monkeypatch):
+    assert compose_settings(compose_service()).workers == 0, "0: as many as the container's limits hold"
+    assert compose_workers(compose_service(), monkeypatch) == 2
+    assert compose_workers(compose_service({"SERVE_CPUS": "1"}), monkeypatch) == 1, "a worker per CPU of the limit"
+
+
+def test_the_compose_files_shell_variables_are_none_of_the_servers():
+    """An EDGEDISTILL_* variable that is no setting stops the server (and the pipeline) where that shell runs them."""
+    known = {f"EDGEDISTILL_{name.upper()}" for name in Settings.model_fields}
+    for name, _ in COMPOSE_VARIABLE.findall(compose_text()):
+        assert not name.startswith("EDGEDISTILL_") or name in known, name
 
 
 def test_compose_ports_on_loopback():
@@ -259,6 +369,11 @@ def test_compose_passes_tokens_from_the_shell_and_leaves_them_unset_without_one(
 
 def test_compose_healthcheck_runs_the_servers_health_check():
     assert compose_service()["healthcheck"]["test"] == ["CMD", *HEALTHCHECK]
+
+
+def test_compose_health_check_waits_as_long_as_the_supervisor_for_a_worker_to_serve():
+    period = re.fullmatch(r"(\d+)s", compose_service()["healthcheck"]["start_period"])
+    assert int(period[1]) >= START_TIMEOUT_S, "unhealthy before the supervisor gives up on a slow start"
 
 
 def test_compose_bounds_the_logs_the_engine_keeps():
@@ -368,6 +483,12 @@ def test_dockerfile_health_check_asks_a_health_port_of_its_own(dockerfile):
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_dockerfile_health_check_waits_as_long_as_the_supervisor_for_a_worker_to_serve(dockerfile):
+    period = re.search(r"--start-period=(\d+)s\b", last(instructions(dockerfile), "HEALTHCHECK"))
+    assert int(period[1]) >= START_TIMEOUT_S, "unhealthy before the supervisor gives up on a slow start"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
 def test_dockerfile_exposes_the_health_port(dockerfile):
     exposed = {int(port.split("/")[0]) for port in last(instructions(dockerfile), "EXPOSE").split()}
     assert HEALTH_PORT in exposed
@@ -376,6 +497,29 @@ def test_dockerfile_exposes_the_health_port(dockerfile):
 def test_the_gpu_image_runs_a_set_number_of_workers():
     workers = load_settings([], environ={"EDGEDISTILL_WORKERS": image_env("Dockerfile.gpu")["EDGEDISTILL_WORKERS"]})
     assert workers.workers >= 1, "WORKERS=0 counts host cores and memory, not the GPU's: a CUDA context per worker"
+
+
+def paragraphs(path: str) -> list[str]:
+    """A Dockerfile's comment blocks, a page's paragraphs."""
+    text = (ROOT / path).read_text()
+    if path.endswith(".md"):
+        return text.split("\n\n")
+    grouped = itertools.groupby(text.splitlines(), key=lambda line: line.startswith("#"))
+    return ["\n".join(lines) for comment, lines in grouped if comment]
+
+
+@pytest.mark.parametrize("path", ["Dockerfile.gpu", "docs/deploy.md", "docs/serving.md"])
+def test_more_workers_on_one_gpu_are_given_the_time_to_build_their_engines(path):
+    """More workers on one GPU share one engine cache, and each builds the TensorRT engines it lacks before it serves:
+    the first time, minutes, past the supervisor's START_TIMEOUT_S, which kills it, and the container starts again."""
+    advice = [paragraph for paragraph in paragraphs(path) if "-e EDGEDISTILL_WORKERS=N" in paragraph]
+    assert advice, f"{path} no longer says how to run more workers on one GPU"
+    for paragraph in advice:
+        timeout = re.search(r"-e EDGEDISTILL_START_TIMEOUT_S=(\d+)", paragraph)
+        assert timeout, f"{path}: more workers with the default START_TIMEOUT_S restart while they build their engines"
+        assert float(timeout[1]) > START_TIMEOUT_S
+        assert load_settings([], environ={"EDGEDISTILL_WORKERS": "2", "EDGEDISTILL_START_TIMEOUT_S": timeout[1]})
+        assert re.search(r"one (TensorRT )?engine cache", " ".join(paragraph.split())), "the workers share one cache"
 
 
 def test_the_gpu_image_makes_its_engine_cache_owned_by_its_user():
