@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
-TOKENIZER_FILES = (TOKENIZER, TOKENIZER_CONFIG)  # as the teacher's tokenizer's save_pretrained writes them
 CONFIG = "config.json"
 # The bundle format's version, hashed by the bundle stage (`export.stages.bundle`): bumped when `BundleSpec` gains
 # a field that changes what is served or a bundle's files are written otherwise, so that bundles built before are
@@ -141,17 +140,17 @@ def transformers_config(model: dict, spec: BundleSpec) -> dict:
     }
 
 
-def tokenizer_json(data: dict, spec: BundleSpec) -> dict:
-    """The source's `tokenizer.json` truncating at the bundle's max length and padding nothing, as the server
+def tokenizer_json(data: dict, max_length: int) -> dict:
+    """The source's `tokenizer.json` truncating at the model's `max_length` and padding nothing, as the server
     tokenizes, so that `tokenizers.Tokenizer.from_file` alone gives the server's token ids (the source's may carry
     the teacher's longer max length, or padding to a fixed length)."""
-    truncation = {"direction": "Right", "max_length": spec.max_length, "strategy": "LongestFirst", "stride": 0}
+    truncation = {"direction": "Right", "max_length": max_length, "strategy": "LongestFirst", "stride": 0}
     return data | {"truncation": truncation, "padding": None}
 
 
-def tokenizer_config(data: dict, spec: BundleSpec) -> dict:
-    """The source's `tokenizer_config.json` with the bundle's max length, so that `truncation=True` fits the model."""
-    return data | {"model_max_length": spec.max_length}
+def tokenizer_config(data: dict, max_length: int) -> dict:
+    """The source's `tokenizer_config.json` with the model's `max_length`, so that `truncation=True` fits the model."""
+    return data | {"model_max_length": max_length}
 
 
 class Bundle(BaseModel):

@@ -54,7 +54,8 @@ def _header(recipe: Recipe, stage: str, info: dict) -> ModelCardData:
         tags += [library, info["bundle"]["precision"]]
     init = recipe.model.init
     hub_init = init is not None and not Path(init).exists()  # a local folder is no Hub model
-    hub_data = [_dataset(s) for s in (recipe.data.train, recipe.data.dev) if s.startswith("hub:")]
+    sources = (recipe.data.train, recipe.data.dev, recipe.data.test)
+    hub_data = [_dataset(s) for s in sources if s is not None and s.startswith("hub:")]
     return ModelCardData(
         model_name=f"{recipe.name}-{stage}",
         license="apache-2.0",

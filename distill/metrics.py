@@ -11,16 +11,13 @@ EVAL_KEYS = ("dev_accuracy", "dev_macro_f1", "dev_f1", "dev_confusion")
 
 
 def classification_metrics(
-    logits: np.ndarray, labels: list[int], num_labels: int, positive: int | None = None, prefix: str = "dev"
+    logits: np.ndarray, labels: list[int], num_labels: int, positive: int | None, prefix: str = "dev"
 ) -> dict:
     """`{prefix}_accuracy`, `{prefix}_macro_f1`, `{prefix}_f1` and `{prefix}_confusion` ([true][pred]). `logits` (N, C).
 
     macro_f1 averages the F1 of the labels that occur in `labels` or in the predictions (as scikit-learn
-    does). f1 is the F1 of label `positive`; None means the second label of a binary task, and a task of
-    more labels then reports no f1.
+    does). f1 is the F1 of label `positive` (`DataConfig.positive_index`); None reports no f1.
     """
-    if positive is None and num_labels == 2:
-        positive = 1
     if positive is not None and not 0 <= positive < num_labels:
         raise ValueError(f"positive label {positive} is outside 0..{num_labels - 1}")
     pred = np.asarray(logits).argmax(-1)

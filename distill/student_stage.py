@@ -2,15 +2,14 @@
 
 Writes `runs/<recipe>/student-<name>/` (or `baseline-<name>/`) in the Hub's layout: `config.json` and
 `model.safetensors` from the student's `save_pretrained` (`Student.from_pretrained(folder)` loads it
-without this module), the teacher's tokenizer files (`AutoTokenizer.from_pretrained(folder)` loads
-them), and `history.json`.
+without this module), the teacher's tokenizer files truncating at the student's max length
+(`AutoTokenizer.from_pretrained(folder)` loads them), and `history.json`.
 Both kinds get the same architecture, optimizer settings and step budget; the baseline starts from
 random weights unless `baseline_init_from_teacher` is set, so their gap is everything the teacher gives.
 """
 
 import json
 import math
-import shutil
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
-from edgedistill.common.bundle import TOKENIZER_FILES
+from edgedistill.common.bundle import TOKENIZER, TOKENIZER_CONFIG, tokenizer_config, tokenizer_json
 from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
@@ -278,6 +277,14 @@ def teacher_in_training(student: nn.Module, teacher_dir: Path, copied: bool, mat
     return teacher if matched else None
 
 
+def write_tokenizer(teacher_dir: Path, folder: Path, max_length: int) -> None:
+    """The teacher's tokenizer files into `folder`, truncating at the student's `max_length`: as saved, they carry
+    the teacher's."""
+    for name, fitted in ((TOKENIZER, tokenizer_json), (TOKENIZER_CONFIG, tokenizer_config)):
+        data = fitted(json.loads((teacher_dir / name).read_text(encoding="utf-8")), max_length)
+        (folder / name).write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
 def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | None) -> Built | None:
     """The body of `distill.stages.student`."""
     recipe = inputs.recipe
@@ -357,8 +364,7 @@ def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | N
 
     def write(folder: Path) -> None:
         student.cpu().save_pretrained(folder)  # cuDNN keeps an LSTM's weights in one buffer, which safetensors refuses
-        for name in TOKENIZER_FILES:  # the teacher's, as saved: the tokenizer in use has this run's truncation set
-            shutil.copy2(teacher_dir / name, folder / name)
+        write_tokenizer(teacher_dir, folder, max_length)
         (folder / "history.json").write_text(json.dumps(progress.history, indent=1))
 
     params = count_parameters(student)

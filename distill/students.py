@@ -158,16 +158,18 @@ class BiLSTMClassifier(Student):
         return torch.cat([forward_states, backward_states], -1)
 
     def pool(self, states: Tensor, attention_mask: Tensor) -> Tensor:
-        """(B, T, 2H) -> (B, 2H): max or mean over real tokens, or [forward at last token; backward at first]."""
+        """(B, T, 2H) -> (B, 2H): max or mean over real tokens, or [forward at last token; backward at first]; a row
+        without tokens (an empty side of a pair) pools to zeros, whatever its padding."""
         valid = attention_mask.bool().unsqueeze(-1)  # (B, T, 1)
-        if self.pooling == "max":  # a row without tokens (an empty side of a pair) pools to zeros
-            pooled = states.masked_fill(~valid, torch.finfo(states.dtype).min).amax(1)
-            return pooled * valid.any(1)
         if self.pooling == "mean":
             return (states * valid).sum(1) / valid.sum(1).clamp(min=1)
-        size = self.lstm.hidden_size
-        last = (attention_mask.sum(1) - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, size)
-        return torch.cat([states[..., :size].gather(1, last).squeeze(1), states[:, 0, size:]], -1)
+        if self.pooling == "max":
+            pooled = states.masked_fill(~valid, torch.finfo(states.dtype).min).amax(1)
+        else:  # an empty row's backward state at 0 has read all its padding
+            size = self.lstm.hidden_size
+            last = (attention_mask.sum(1) - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, size)
+            pooled = torch.cat([states[..., :size].gather(1, last).squeeze(1), states[:, 0, size:]], -1)
+        return pooled * valid.any(1)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         if self.pairs:
@@ -353,7 +355,7 @@ COPIED_FUNCTION = ("hidden_act", "layer_norm_eps")
 BERT_TYPES = ("bert", "edgedistill-bert-mean")  # a plain BERT, and a mean-pooled teacher's (distill.heads)
 
 
-def teacher_misfits(student: BertConfig, teacher, sizes: tuple[str, ...] = COPIED_SIZES) -> list[str]:
+def teacher_misfits(student: BertConfig, teacher) -> list[str]:
     """Why a transformer student of config `student` cannot copy the layers of a teacher of transformers config
     `teacher`; empty when it can. Another architecture's blocks (RoBERTa's positions, DistilBERT's or DeBERTa's
     layers) are not a BERT's."""
@@ -361,7 +363,7 @@ def teacher_misfits(student: BertConfig, teacher, sizes: tuple[str, ...] = COPIE
         return [f"the teacher's model_type is {teacher.model_type}, not bert"]
     differ = [
         f"{n} {getattr(student, n)} vs {getattr(teacher, n)}"
-        for n in sizes
+        for n in COPIED_SIZES
         if getattr(student, n) != getattr(teacher, n)
     ]
     if student.max_position_embeddings > teacher.max_position_embeddings:

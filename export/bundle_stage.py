@@ -299,7 +299,7 @@ def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         text_style=recipe.text_style,
         pair_segments=segments,
     )
-    tokenizer = tokenizer_json(json.loads((source.folder / TOKENIZER).read_text(encoding="utf-8")), unversioned)
+    tokenizer = tokenizer_json(json.loads((source.folder / TOKENIZER).read_text(encoding="utf-8")), length)
     tokenizer_bytes = json.dumps(tokenizer, ensure_ascii=False).encode("utf-8")
     # the server tokenizes with tokenizer.json: another tokenizer before the same graph is another version
     bundle = unversioned.content_versioned(mf.sha256_file(model), hashlib.sha256(tokenizer_bytes).hexdigest())
@@ -309,7 +309,7 @@ def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
         shutil.copy2(model, folder / model_file)
         (folder / TOKENIZER).write_bytes(tokenizer_bytes)
         tokenizer_file = source.folder / TOKENIZER_CONFIG
-        settings = tokenizer_config(json.loads(tokenizer_file.read_text(encoding="utf-8")), bundle)
+        settings = tokenizer_config(json.loads(tokenizer_file.read_text(encoding="utf-8")), length)
         (folder / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2), encoding="utf-8")
         config = transformers_config(model_config(source), bundle)
         (folder / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")

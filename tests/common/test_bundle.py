@@ -76,7 +76,7 @@ def test_a_bundle_s_pair_segments_are_read_from_the_spec(tmp_path):
 def bundle_tokenizer(max_length: int) -> Tokenizer:
     """The tiny tokenizer (saved truncating and padding at its own length) as a bundle of `max_length` writes it."""
     data = json.loads(tiny_tokenizer().to_str())
-    return Tokenizer.from_str(json.dumps(tokenizer_json(data, spec(max_length=max_length))))
+    return Tokenizer.from_str(json.dumps(tokenizer_json(data, max_length)))
 
 
 def test_a_bundles_tokenizer_json_truncates_at_the_bundles_max_length():

@@ -130,6 +130,12 @@ def test_card_names_the_recipes_metrics(recipe):
     assert ModelCard.load(modelcard.write(recipe, folder)).data.metrics == ["accuracy"]
 
 
+def test_card_header_lists_the_hub_dataset_of_the_test_split():
+    recipe = load_recipe(SMOKE, {"data.test": "hub:org/held-out:test"})
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert ModelCard.load(modelcard.write(recipe, folder)).data.datasets == ["org/held-out"]
+
+
 def test_student_card_gives_retention(recipe):
     folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
     assert "| retention | 0.9500 |" in _text(recipe, folder)

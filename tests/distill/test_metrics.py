@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.recipe import RecipeError
-from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, finite, one_class, retention
+from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, finite, one_class, retention, task_metrics
 
 # Binary: predictions 1, 0, 1, 0, 1 against gold 1, 1, 0, 0, 1.
 BINARY_LOGITS = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
@@ -17,12 +17,13 @@ def data(**fields) -> DataConfig:
 
 
 def test_binary_accuracy_by_hand():
-    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)["dev_accuracy"] == pytest.approx(3 / 5)
+    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, 1)["dev_accuracy"] == pytest.approx(3 / 5)
 
 
-def test_binary_f1_is_the_second_labels_by_default():
+def test_a_binary_tasks_f1_is_its_second_labels():
     # label 1: tp=2, fp=1, fn=1 -> precision 2/3, recall 2/3
-    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)["dev_f1"] == pytest.approx(2 / 3)
+    binary = data(label_names=["negative", "positive"])
+    assert task_metrics(BINARY_LOGITS, BINARY_GOLD, binary)["dev_f1"] == pytest.approx(2 / 3)
 
 
 def test_binary_f1_of_the_first_label_when_it_is_the_positive_one():
@@ -31,19 +32,23 @@ def test_binary_f1_of_the_first_label_when_it_is_the_positive_one():
 
 
 def test_binary_macro_f1_averages_both_labels():
-    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)["dev_macro_f1"] == pytest.approx((1 / 2 + 2 / 3) / 2)
+    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, 1)["dev_macro_f1"] == pytest.approx(
+        (1 / 2 + 2 / 3) / 2
+    )
 
 
 def test_confusion_is_true_by_predicted():
-    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)["dev_confusion"] == [[1, 1], [1, 2]]
+    assert classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, 1)["dev_confusion"] == [[1, 1], [1, 2]]
 
 
 def test_multiclass_macro_f1_by_hand():
-    assert classification_metrics(THREE_LOGITS, THREE_GOLD, 3)["dev_macro_f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+    assert classification_metrics(THREE_LOGITS, THREE_GOLD, 3, None)["dev_macro_f1"] == pytest.approx(
+        (1 + 2 / 3 + 2 / 3) / 3
+    )
 
 
 def test_multiclass_without_a_positive_label_reports_no_f1():
-    assert "dev_f1" not in classification_metrics(THREE_LOGITS, THREE_GOLD, 3)
+    assert "dev_f1" not in classification_metrics(THREE_LOGITS, THREE_GOLD, 3, None)
 
 
 def test_multiclass_f1_of_the_named_positive_label():
@@ -53,7 +58,9 @@ def test_multiclass_f1_of_the_named_positive_label():
 
 def test_macro_f1_leaves_out_labels_neither_in_gold_nor_predicted():
     """A dev slice without any example of a label does not count that label as an F1 of 0."""
-    assert classification_metrics(THREE_LOGITS, THREE_GOLD, 4)["dev_macro_f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+    assert classification_metrics(THREE_LOGITS, THREE_GOLD, 4, None)["dev_macro_f1"] == pytest.approx(
+        (1 + 2 / 3 + 2 / 3) / 3
+    )
 
 
 def test_positive_label_outside_the_labels_is_refused():
@@ -62,7 +69,7 @@ def test_positive_label_outside_the_labels_is_refused():
 
 
 def test_prefix_names_a_test_split():
-    assert set(classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, prefix="test")) == {
+    assert set(classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, 1, prefix="test")) == {
         "test_accuracy",
         "test_macro_f1",
         "test_f1",
@@ -71,7 +78,7 @@ def test_prefix_names_a_test_split():
 
 
 def test_eval_keys_are_what_a_binary_dev_evaluation_reports():
-    assert set(classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2)) == set(EVAL_KEYS)
+    assert set(classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, 1)) == set(EVAL_KEYS)
 
 
 def test_the_data_configs_positive_index_feeds_f1():

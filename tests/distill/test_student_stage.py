@@ -21,7 +21,7 @@ from edgedistill.distill.batching import collate
 from edgedistill.distill.device import resolve
 from edgedistill.distill.finetune import predict_logits
 from edgedistill.distill.losses import attention_kl
-from edgedistill.distill.metrics import classification_metrics
+from edgedistill.distill.metrics import task_metrics
 from edgedistill.distill.student_stage import (
     DistillObjective,
     _transfer_data,
@@ -29,12 +29,14 @@ from edgedistill.distill.student_stage import (
     distill_batch,
     load_student,
     student_logits,
+    write_tokenizer,
 )
 from edgedistill.distill.students import ARCHITECTURES, build_student, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
 from edgedistill.distill.trainer import Trainer
+from tokenizers import Tokenizer
 from torch import nn
-from transformers import BartConfig, BertConfig, BertModel, RobertaConfig
+from transformers import AutoTokenizer, BartConfig, BertConfig, BertModel, RobertaConfig
 
 from tests.conftest import ROOT, save_initialised
 from tests.distill import extension
@@ -62,10 +64,11 @@ def test_student_artifact_reproduces_its_dev_accuracy(smoke_run, name):
     feats = encode(tokenizer, dev.texts, None, SMOKE.transfer.max_length)
     with torch.no_grad():
         logits = predict_logits(lambda b: student(b["input_ids"], b["attention_mask"]), feats, tokenizer.pad_token_id)
-    accuracy = classification_metrics(logits, dev.labels, 2)["dev_accuracy"]
+    accuracy = task_metrics(logits, dev.labels, SMOKE.data)["dev_accuracy"]
     assert accuracy == pytest.approx(manifest.metrics["dev_accuracy"])
     assert accuracy > 0.6, "a distilled smoke student must beat the majority class (about 0.52)"
-    assert (folder / "tokenizer.json").read_bytes() == (smoke_run / "teacher" / "tokenizer.json").read_bytes()
+    vocabulary = [json.loads((f / "tokenizer.json").read_text())["model"] for f in (folder, smoke_run / "teacher")]
+    assert vocabulary[0] == vocabulary[1]  # the teacher's, truncating at the student's max length
 
 
 class Encoded(Exception):
@@ -358,6 +361,27 @@ def test_the_teacher_logits_of_the_transfer_set_stay_float16_in_memory(tmp_path)
     np.save(tmp_path / "logits.npy", np.ones((2, 2), np.float16))
     _, logits, _ = _transfer_data(tmp_path, train_tokenizer("bert", ["a fine film", "dull"] * 5, 40), 16)
     assert logits.dtype == torch.float16
+
+
+def student_tokenizer_folder(tmp_path, max_length: int):
+    """A student folder's tokenizer files, written from a teacher's saved truncating at 64 tokens of 512."""
+    teacher = train_tokenizer("bert", ["a fine film", "dull"] * 5, 40)
+    teacher.backend_tokenizer.enable_truncation(64)  # the last call's truncation, which save_pretrained keeps
+    teacher.model_max_length = 512
+    teacher.save_pretrained(tmp_path / "teacher")
+    (tmp_path / "student").mkdir()
+    write_tokenizer(tmp_path / "teacher", tmp_path / "student", max_length)
+    return tmp_path / "student"
+
+
+def test_a_student_folder_s_tokenizer_truncates_at_the_student_s_max_length(tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(student_tokenizer_folder(tmp_path, 8))
+    assert len(tokenizer("fine " * 100, truncation=True)["input_ids"]) == 8
+
+
+def test_a_student_folder_s_tokenizer_json_alone_truncates_at_the_student_s_max_length(tmp_path):
+    tokenizer = Tokenizer.from_file(str(student_tokenizer_folder(tmp_path, 8) / "tokenizer.json"))
+    assert len(tokenizer.encode("fine " * 100).ids) == 8
 
 
 def _recipe_from(tmp_path, config) -> object:

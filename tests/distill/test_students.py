@@ -322,6 +322,18 @@ def test_siamese_pair_student_ignores_padding(arch):
     torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("pooling", ["max", "mean", "last"])
+def test_a_bilstm_pair_student_gives_a_pair_with_an_empty_side_the_same_logits_however_padded(pooling):
+    wide = torch.randint(1, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))  # 5 tokens, 7 of padding
+    mask = (torch.arange(12) < 5).long().unsqueeze(0)
+    no_b = torch.zeros_like(wide)  # every token sentence A's
+    model = _student("bilstm", pairs=True, pooling=pooling)
+    with torch.no_grad():
+        padded = model(wide, mask, no_b)
+        alone = model(wide[:, :5], mask[:, :5], no_b[:, :5])
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ["bilstm", "cnn"])
 def test_siamese_pair_student_classifies_four_matching_features_per_side_width(arch):
     model = _student(arch, pairs=True)
