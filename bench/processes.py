@@ -28,19 +28,20 @@ def log_tail(log: Path) -> str:
     return log.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL_CHARS:]
 
 
-def spawn(command: list[str], held: bool = False, **popen) -> subprocess.Popen:
+def spawn(command: list[str], hold: bool = False, **popen) -> subprocess.Popen:
     """`command` started by `subprocess.Popen` with `popen` (its output, environment, working directory), sent SIGTERM
     when this process dies (a measurement killed, even with kill -9, leaves nothing running on). In a session of its
     own: a Ctrl-C at the terminal reaches this process alone, which stops it as a measurement's end does, where a server
-    that took the Ctrl-C too would exit under the measurement and fail it (exit 2, not 130). `held`: see `held`."""
-    return subprocess.Popen(dying_with_this_process(command, held), start_new_session=True, **popen)
+    that took the Ctrl-C too would exit under the measurement and fail it (exit 2, not 130). `hold`: its launcher waits
+    for `release` before it runs `command` (`held`)."""
+    return subprocess.Popen(dying_with_this_process(command, held=hold), start_new_session=True, **popen)
 
 
 def held(command: list[str], **popen) -> subprocess.Popen:
     """`spawn`, held before `command` runs until `release`: returned once its launcher has started, so that `command`
     starts within a millisecond of the release, where a launcher's start takes tens, unevenly. Its stdin and stdout
     are byte pipes; `BenchError` with the launcher's output when it exits instead."""
-    process = spawn(command, held=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, **popen)
+    process = spawn(command, hold=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, **popen)
     if (said := process.stdout.readline()) != READY:
         said += process.communicate()[0]
         raise BenchError(f"{command[0]} did not start (exit {process.returncode}): {said.decode(errors='replace')}")
