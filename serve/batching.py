@@ -116,16 +116,19 @@ def calls_left_running() -> int:
 
 
 class _Hung(Exception):
-    """A backend call ran past the batcher's `batch_timeout`."""
+    """A backend call of `rows` rows ran past the batcher's `batch_timeout`."""
+
+    def __init__(self, rows: int):
+        super().__init__(rows)
+        self.rows = rows
 
 
 @dataclass
 class BatchResult:
-    """A request's outputs stacked in row order, how long its first row waited, and how many batches it took."""
+    """A request's outputs stacked in row order, and how long its first row waited."""
 
     outputs: Arrays
     queue_wait: float = 0.0
-    batches: int = 0
 
 
 @dataclass(eq=False)
@@ -137,7 +140,6 @@ class _Request:
     outputs: list[tuple[Arrays, int] | None] = field(default_factory=list)  # per row: batch outputs, position
     remaining: int = 0
     started: float | None = None
-    batches: int = 0
 
 
 class _Admission:
@@ -170,11 +172,12 @@ class _Admission:
 
 @dataclass(eq=False)
 class _Call:
-    """A backend call sent to the worker thread: its future there, its rows, and its start in loop time."""
+    """A batch's backend calls sent to the worker thread: the one running now, as (its rows, its start in
+    `time.perf_counter` seconds), which the thread sets as each begins (in one assignment, so the event loop never
+    reads half of it), and the future of them all."""
 
-    future: Future
-    rows: int
-    started: float
+    running: tuple[int, float]
+    future: Future = field(init=False)
 
 
 @dataclass(eq=False)
@@ -215,11 +218,12 @@ class DynamicBatcher:
         self.batch_timeout = batch_timeout
         self.on_fault = on_fault
         self.fault: ServerFault | None = None
-        self._pending: list[_Row] = []
+        self._pending: dict[_Request, list[_Row]] = {}  # each queued request's rows still queued, oldest first
+        self._queued = 0  # rows in `_pending`
         self._admitted = 0  # rows held by `admit` blocks: admitted, not yet submitted
         self._running: list[list[_Row]] = []  # batches taken from the queue and not yet answered
         self._busy = False  # a batch is running in the worker thread
-        self._call: _Call | None = None  # the last backend call sent to the worker thread
+        self._call: _Call | None = None  # the last batch sent to the worker thread
         self._last_done = -math.inf  # loop time at which the last batch finished
         self._arrived = asyncio.Event()
         self._closing = False
@@ -229,7 +233,7 @@ class DynamicBatcher:
 
     @property
     def queued_rows(self) -> int:
-        return len(self._pending)
+        return self._queued
 
     def grace_ends(self, deadline: float) -> None:
         """The server is stopping: the rows of calls it cancels at loop time `deadline` or later were dropped for the
@@ -239,7 +243,7 @@ class DynamicBatcher:
     @property
     def room(self) -> int:
         """Rows the queue can admit now, beside those queued and those admitted."""
-        return max(0, self.max_queued - len(self._pending) - self._admitted)
+        return max(0, self.max_queued - self._queued - self._admitted)
 
     def calibrate(self, timings: Sequence[Timing]) -> None:
         """Fit the backend's cost to single calls at several shapes."""
@@ -248,7 +252,7 @@ class DynamicBatcher:
     def start(self) -> None:
         """Start taking batches, and reporting the queue depth: the gauge is this batcher's from now on (a reload's
         old batcher is retired)."""
-        self.observer.queue_depth(len(self._pending))
+        self.observer.queue_depth(self._queued)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
 
@@ -291,13 +295,14 @@ class DynamicBatcher:
             return True
         _left_running.add(call.future)
         call.future.add_done_callback(_left_running.discard)
-        running = asyncio.get_running_loop().time() - call.started
+        rows, started = call.running
+        running = time.perf_counter() - started
         log.warning(
             "a backend call of %d rows is still running after %.1f s: it is left in its thread, and its model stays "
             "open under it",
-            call.rows,
+            rows,
             running,
-            extra={"event": "backend_call_left_running", "rows": call.rows, "running_s": round(running, 3)},
+            extra={"event": "backend_call_left_running", "rows": rows, "running_s": round(running, 3)},
         )
         return False
 
@@ -309,7 +314,7 @@ class DynamicBatcher:
             raise BatcherClosed("the model is shutting down or being replaced; retry")
         if rows > self.room:
             raise Overloaded(
-                f"server overloaded: {len(self._pending)} rows queued and {self._admitted} being prepared, "
+                f"server overloaded: {self._queued} rows queued and {self._admitted} being prepared, "
                 f"{rows} more would exceed the limit of {self.max_queued}; retry with backoff"
             )
 
@@ -347,8 +352,9 @@ class DynamicBatcher:
         if inline:  # light load and a quick batch in several calls: run it now, without the batcher task
             await self._run(batch)
         else:
-            self._pending.extend(batch)
-            self.observer.queue_depth(len(self._pending))
+            self._pending[request] = batch
+            self._queued += len(batch)
+            self.observer.queue_depth(self._queued)
             self._arrived.set()
         try:
             outputs = await request.future
@@ -362,7 +368,7 @@ class DynamicBatcher:
                 late = deadline is not None and deadline - DEADLINE_SLACK_S <= now
                 self._drop(request, DropReason.DEADLINE if late else DropReason.CANCELLED)
             raise
-        return BatchResult(outputs, request.started - request.enqueued, request.batches)
+        return BatchResult(outputs, request.started - request.enqueued)
 
     def _run_now(self, rows: list[Arrays], shape: tuple[int, int], loop: asyncio.AbstractEventLoop) -> BatchResult:
         """One request as one backend call on `loop`, nothing else running: no queue, no bookkeeping of a batch (the
@@ -381,30 +387,36 @@ class DynamicBatcher:
         self._learn([shape], seconds)
         self.observer.batch_done(len(rows), seconds)
         self.observer.request_done(0.0)
-        return BatchResult(dict(outputs), 0.0, 1)
+        return BatchResult(dict(outputs), 0.0)
 
     def _drop(self, request: _Request, reason: DropReason) -> None:
-        before = len(self._pending)
-        self._pending = [row for row in self._pending if row.request is not request]
-        if dropped := before - len(self._pending):
-            self.observer.rows_dropped(dropped, reason)
-            self.observer.queue_depth(len(self._pending))
+        """Remove `request`'s queued rows, if any, counted as dropped for `reason`."""
+        if rows := self._pending.pop(request, None):
+            self._queued -= len(rows)
+            self.observer.rows_dropped(len(rows), reason)
+            self.observer.queue_depth(self._queued)
 
     def _expire(self, now: float) -> None:
-        for request in {row.request for row in self._pending if row.request.deadline is not None}:
-            if request.deadline <= now:
-                self._drop(request, DropReason.DEADLINE)
-                if not request.future.done():
-                    request.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
+        """Drop the queued requests past their deadline, all in one step, and fail them with `DeadlineExpired`."""
+        expired = [request for request in self._pending if request.deadline is not None and request.deadline <= now]
+        if not expired:
+            return
+        rows = sum(len(self._pending.pop(request)) for request in expired)
+        self._queued -= rows
+        self.observer.rows_dropped(rows, DropReason.DEADLINE)
+        self.observer.queue_depth(self._queued)
+        for request in expired:
+            if not request.future.done():
+                request.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
 
     def _fail_all(self, err: Exception, reason: DropReason) -> None:
         """Fail every request queued or in a running batch with `err`; the queued rows count as dropped for `reason`."""
-        rows = [*self._pending, *(row for batch in self._running for row in batch)]
-        if self._pending:
-            self.observer.rows_dropped(len(self._pending), reason)
-        self._pending, self._running = [], []
+        requests = {*self._pending, *(row.request for batch in self._running for row in batch)}
+        if self._queued:
+            self.observer.rows_dropped(self._queued, reason)
+        self._pending, self._queued, self._running = {}, 0, []
         self.observer.queue_depth(0)
-        for request in {row.request for row in rows}:
+        for request in requests:
             if not request.future.done():
                 request.future.set_exception(err)
 
@@ -437,8 +449,8 @@ class DynamicBatcher:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            while len(self._pending) < self.max_batch_size and not self._closing:
-                wait = self._pending[0].request.enqueued + self.max_delay - loop.time()
+            while self._queued < self.max_batch_size and not self._closing:
+                wait = next(iter(self._pending)).enqueued + self.max_delay - loop.time()
                 if wait <= 0:
                     break
                 self._arrived.clear()
@@ -453,13 +465,14 @@ class DynamicBatcher:
 
     def _take(self) -> list[_Row]:
         """Up to `max_batch_size` rows: all if they fit, else the window of similar lengths holding the oldest."""
-        if len(self._pending) <= self.max_batch_size:
-            batch, self._pending = self._pending, []
+        queued = [row for rows in self._pending.values() for row in rows]
+        if len(queued) <= self.max_batch_size:
+            batch, self._pending = queued, {}
         else:
             size = self.max_batch_size
-            order = sorted(range(len(self._pending)), key=lambda i: (self._pending[i].length, i))
+            order = sorted(range(len(queued)), key=lambda i: (queued[i].length, i))
             anchor = order.index(0)
-            lengths = [self._pending[i].length for i in order]
+            lengths = [queued[i].length for i in order]
             prefix = np.concatenate([[0], np.cumsum(lengths)])
             first = max(0, anchor - size + 1)
             last = min(anchor, len(order) - size)
@@ -468,9 +481,13 @@ class DynamicBatcher:
                 range(first, last + 1), key=lambda s: size * lengths[s + size - 1] - (prefix[s + size] - prefix[s])
             )
             chosen = set(order[start : start + size])
-            batch = [row for i, row in enumerate(self._pending) if i in chosen]
-            self._pending = [row for i, row in enumerate(self._pending) if i not in chosen]
-        self.observer.queue_depth(len(self._pending))
+            batch = [row for i, row in enumerate(queued) if i in chosen]
+            self._pending = {}
+            for i, row in enumerate(queued):
+                if i not in chosen:
+                    self._pending.setdefault(row.request, []).append(row)
+        self._queued -= len(batch)
+        self.observer.queue_depth(self._queued)
         return batch
 
     async def _run(self, batch: list[_Row]) -> None:
@@ -489,12 +506,14 @@ class DynamicBatcher:
             else:
                 self._busy = True
                 try:
-                    self._call = _Call(self._executor.submit(self._timed_infer, inputs), len(batch), now)
-                    results = await self._watched(asyncio.wrap_future(self._call.future))
+                    call = _Call((len(groups[0]), time.perf_counter()))
+                    call.future = self._executor.submit(self._timed_infer, inputs, call)
+                    self._call = call
+                    results = await self._watched(call)
                 finally:
                     self._busy = False
-        except _Hung:
-            self._fault(f"a backend call of {len(batch)} rows ran past its {self.batch_timeout:g} s limit")
+        except _Hung as hung:
+            self._fault(f"a backend call of {hung.rows} rows ran past its {self.batch_timeout:g} s limit")
             return
         except DeviceError as err:
             self._fault(DEVICE_FAULT, err)
@@ -520,12 +539,22 @@ class DynamicBatcher:
             self._running.append(batch)
             self._fault("the batcher failed handing a batch's outputs back", err)
 
-    async def _watched(self, call: asyncio.Future):
-        """The result of a call in the worker thread; `_Hung` when it runs past `batch_timeout`."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(call), self.batch_timeout)
-        except TimeoutError:
-            raise _Hung from None
+    async def _watched(self, call: _Call):
+        """The results of a batch's backend calls in the worker thread; `_Hung` when one of them runs past
+        `batch_timeout`, each timed on its own."""
+        done = asyncio.wrap_future(call.future)
+        if self.batch_timeout is None:
+            return await asyncio.shield(done)
+        while True:
+            rows, started = call.running
+            left = started + self.batch_timeout - time.perf_counter()
+            if left <= 0:
+                raise _Hung(rows)
+            try:
+                return await asyncio.wait_for(asyncio.shield(done), left)
+            except TimeoutError:
+                if done.done():  # the backend's own TimeoutError, or its results as the limit passed
+                    return done.result()
 
     def _deliver(self, batch: list[_Row], groups: list[list[_Row]], shapes, results) -> None:
         """Hand each request its rows' outputs; answer the requests whose rows are all done."""
@@ -536,7 +565,6 @@ class DynamicBatcher:
                 row.request.outputs[row.index] = (outputs, position)
                 row.request.remaining -= 1
         for request in {row.request for row in batch}:
-            request.batches += 1
             if request.remaining == 0 and not request.future.done():
                 request.future.set_result(_gather(request.outputs))
                 self.observer.request_done(request.started - request.enqueued)
@@ -561,17 +589,22 @@ class DynamicBatcher:
             self.cost.observe(shapes, seconds)
 
     def _load(self, now: float) -> Load:
-        return Load(self.max_delay, len(self._pending), self._busy, now - self._last_done)
+        return Load(self.max_delay, self._queued, self._busy, now - self._last_done)
 
     def _expected(self, shapes: list[tuple[int, int]]) -> float:
         """Seconds that calls of these (rows, longest) shapes are expected to take; unknown before any was timed."""
         return math.inf if self.cost is None else self.cost.seconds(shapes)
 
-    def _timed_infer(self, inputs: list[Arrays]) -> list[tuple[Mapping[str, np.ndarray], float]]:
-        """One backend call per group: its outputs and seconds."""
+    def _timed_infer(
+        self, inputs: list[Arrays], call: _Call | None = None
+    ) -> list[tuple[Mapping[str, np.ndarray], float]]:
+        """One backend call per group: its outputs and seconds; each call's rows and start told to `call`, which the
+        watchdog reads."""
         results = []
         for group in inputs:
             start = time.perf_counter()
+            if call is not None:
+                call.running = (len(next(iter(group.values()))), start)
             outputs = self.infer(group)
             results.append((outputs, time.perf_counter() - start))
         return results

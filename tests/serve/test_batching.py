@@ -2,13 +2,21 @@
 
 import asyncio
 import random
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 from edgedistill.common.runtime import DeviceError
-from edgedistill.serve.batching import BatchObserver, DropReason, DynamicBatcher, calls_left_running, pad_rows
+from edgedistill.serve.batching import (
+    BatchObserver,
+    BatchResult,
+    DropReason,
+    DynamicBatcher,
+    calls_left_running,
+    pad_rows,
+)
 from edgedistill.serve.costmodel import BackendCost
 from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
 from edgedistill.serve.metrics import Metrics
@@ -150,10 +158,10 @@ def test_a_full_batch_does_not_wait_for_the_delay():
 
 
 def test_large_request_is_split_across_batches_and_reassembled():
-    backend = FakeBackend()
+    backend, observer = FakeBackend(), Recorder()
 
     async def main():
-        b = batcher(backend, max_batch_size=3, max_delay=0.0)
+        b = batcher(backend, max_batch_size=3, max_delay=0.0, observer=observer)
         b.start()
         result = await b.submit([row(i, i) for i in range(1, 8)])
         await b.close()
@@ -161,8 +169,8 @@ def test_large_request_is_split_across_batches_and_reassembled():
 
     result = asyncio.run(main())
     assert result.outputs["sum"].tolist() == [2.0 * i for i in range(1, 8)]
-    assert result.batches == 3
     assert [s[0] for s in backend.shapes] == [3, 3, 1]
+    assert observer.batches == [3, 3, 1], "each batch is reported to the observer"
 
 
 def test_rows_being_admitted_count_against_the_queue_limit():
@@ -307,6 +315,92 @@ def test_a_request_cancelled_at_its_deadline_is_dropped_for_the_deadline(deadlin
     asyncio.run(main())
     assert backend.seen == []
     assert observer.dropped == [(1, DropReason.DEADLINE)]
+
+
+def rest_of_a_queue(drop: str) -> tuple[list[int], Recorder, list]:
+    """Five requests queued, the second and fourth (2 and 3 rows) then cancelled or past their deadline: the rows the
+    backend saw, the observer, and each request's result."""
+    backend, observer = FakeBackend(), Recorder()
+
+    async def main():
+        b = batcher(backend, max_batch_size=16, max_delay=0.2, observer=observer)
+        b.start()
+        deadline = asyncio.get_running_loop().time() + 0.05
+        sizes = {1: 1, 2: 2, 3: 1, 4: 3, 5: 1}
+        held = {
+            n: asyncio.ensure_future(b.submit([row(n)] * size, deadline if drop == "expired" and n in (2, 4) else None))
+            for n, size in sizes.items()
+        }
+        if drop == "cancelled":
+            await asyncio.sleep(0.05)
+            held[2].cancel()
+            held[4].cancel()
+        results = await asyncio.gather(*held.values(), return_exceptions=True)
+        await b.close()
+        return results
+
+    results = asyncio.run(main())
+    return backend.seen, observer, results
+
+
+@pytest.mark.parametrize("drop", ["cancelled", "expired"])
+def test_the_rest_of_a_queue_runs_in_its_order_once_requests_in_it_are_dropped(drop):
+    seen, _, _ = rest_of_a_queue(drop)
+    assert seen == [1, 3, 5]
+
+
+@pytest.mark.parametrize("drop", ["cancelled", "expired"])
+def test_the_queue_depth_counts_only_the_rest_once_requests_in_it_are_dropped(drop):
+    _, observer, _ = rest_of_a_queue(drop)
+    assert observer.depths[-2:] == [3, 0], "3 rows left after the drop, none once the batch took them"
+
+
+def test_requests_past_their_deadline_together_are_counted_as_dropped_at_once():
+    _, observer, _ = rest_of_a_queue("expired")
+    assert observer.dropped == [(5, DropReason.DEADLINE)]
+
+
+def test_requests_past_their_deadline_while_queued_fail_with_deadline_expired():
+    _, _, results = rest_of_a_queue("expired")
+    assert [type(r) for r in results] == [BatchResult, DeadlineExpired, BatchResult, DeadlineExpired, BatchResult]
+
+
+def batcher_lines(requests: int, drop: str) -> int:
+    """Lines of the batcher's module run (`line` trace events) to drop `requests` queued requests of one row, all
+    cancelled or all past their deadline: a count of its work that, unlike a timing, does not vary with the load."""
+    module = DynamicBatcher.__init__.__code__.co_filename
+    lines = 0
+
+    def count(frame, event, arg):
+        nonlocal lines
+        lines += event == "line"
+        return count
+
+    async def main():
+        b = batcher(FakeBackend(), max_delay=0.0, max_queued=requests)
+        deadline = asyncio.get_running_loop().time() if drop == "expired" else None
+        held = [asyncio.ensure_future(b.submit([row(1)], deadline)) for _ in range(requests)]
+        await asyncio.sleep(0)  # all queued: the batcher is not started yet
+        tracing = sys.gettrace()
+        sys.settrace(lambda frame, event, arg: count if frame.f_code.co_filename == module else None)
+        try:
+            if drop == "expired":
+                b.start()
+            else:
+                for request in held:
+                    request.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+        finally:
+            sys.settrace(tracing)
+        await b.close()
+
+    asyncio.run(main())
+    return lines
+
+
+@pytest.mark.parametrize("drop", ["cancelled", "expired"])
+def test_dropping_four_times_the_queued_requests_takes_about_four_times_the_work(drop):
+    assert batcher_lines(400, drop) < 6 * batcher_lines(100, drop), "each drop went over the whole queue"
 
 
 def test_backend_failure_reaches_every_request_of_the_batch_and_the_batcher_goes_on():
@@ -741,6 +835,53 @@ def test_a_backend_call_past_the_time_limit_fails_every_held_request_and_reports
     assert [type(r) for r in results] == [ServerFault] * 2
     assert len(faults) == 1
     assert hung, "the held requests waited for the hung call instead of failing at its time limit"
+
+
+def split_in_two_calls(backend, rows: list[dict[str, np.ndarray]], **kwargs) -> list:
+    """The results of a request whose `rows` of lengths 2 and 512 a batcher runs as two backend calls, one per length,
+    and the faults it reported."""
+    faults = []
+
+    async def main():
+        b = batcher(backend, max_delay=0.0, on_fault=faults.append, **kwargs)
+        b.calibrate([(1, 1, 3e-4 + 1e-5), (1, 64, 3e-4 + 64e-5), (32, 64, 3e-4 + 2048e-5)])  # splitting pays
+        b.start()
+        result = await asyncio.wait_for(asyncio.gather(b.submit(rows), return_exceptions=True), 5)
+        await b.close(timeout=0.1)
+        return result
+
+    return [*asyncio.run(main()), *faults]
+
+
+def test_a_batch_whose_calls_each_end_within_the_time_limit_passes_though_together_they_take_longer():
+    backend = FakeBackend(delay=0.35)
+    results = split_in_two_calls(backend, [row(*[1] * 2), row(*[1] * 512)] * 2, batch_timeout=0.6)
+    assert backend.shapes == [(2, 2), (2, 512)], "the batch ran as two calls"
+    assert [type(r) for r in results] == [BatchResult], "no fault"
+
+
+class HangsOnLongRows(FakeBackend):
+    """Hangs on calls of rows longer than 2 until `release` is set; `returned` is set once such a call returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def __call__(self, inputs):
+        if inputs["input_ids"].shape[1] > 2:
+            self.returned.clear()
+            self.release.wait(10)
+        return super().__call__(inputs)
+
+
+def test_a_hung_call_of_a_batch_faults_naming_that_calls_rows():
+    backend = HangsOnLongRows()
+    try:
+        results = split_in_two_calls(backend, [row(*[1] * 2), row(*[1] * 512), row(*[1] * 512)], batch_timeout=0.2)
+    finally:
+        backend.release.set()
+        backend.returned.wait(10)
+    assert "a backend call of 2 rows ran past its 0.2 s limit" in str(results[0])
 
 
 async def hung_in_its_call(backend, **kwargs) -> tuple[DynamicBatcher, asyncio.Future]:
