@@ -8,10 +8,20 @@ from functools import partial
 from edgedistill.serve.observe import Precheck
 from edgedistill.serve.transport import CASCADE_OUTPUTS, INPUTS, KSERVE, OUTPUTS
 
-# ModelInferRequest's repeated fields (number: name, most entries a request may hold). Parsing expands each entry
-# into a message of its own, several times its bytes, so more are refused from the bytes, before parsing; the
-# limits leave room for the mistakes that the checks after parsing name precisely (an output asked for twice).
-MODEL_INFER_REPEATS = {4: ("parameters", 64), 5: ("inputs", 16), 6: ("outputs", 16), 7: ("raw_input_contents", 16)}
+NAME_EACH_ONCE = (
+    f"name each input and output once (inputs {', '.join(INPUTS)}; outputs {', '.join(OUTPUTS)}, and a cascade's "
+    f"{', '.join(CASCADE_OUTPUTS)})"
+)
+# ModelInferRequest's repeated fields (number: name, most entries a request may hold, what a request holding more is
+# told). Parsing expands each entry into a message of its own, several times its bytes, so more are refused from the
+# bytes, before parsing; the limits leave room for the mistakes that the checks after parsing name precisely (an
+# output asked for twice).
+MODEL_INFER_REPEATS = {
+    4: ("parameters", 64, "the server reads none of them, so leave them out (a call's deadline is its gRPC deadline)"),
+    5: ("inputs", 16, NAME_EACH_ONCE),
+    6: ("outputs", 16, NAME_EACH_ONCE),
+    7: ("raw_input_contents", 16, "send one per input"),
+}
 # Top-level fields of a ModelInferRequest walked before parsing: the limits above plus the scalars and room for
 # unknown fields. The walk is Python, so more (a megabyte of two-byte unknown fields) would cost more than parsing.
 MODEL_INFER_FIELDS = 256
@@ -126,14 +136,10 @@ def model_infer_precheck(data: bytes, max_texts: int) -> str | None:
         for number, first, last in _fields(data, 0, len(data), MODEL_INFER_FIELDS, TOO_MANY_FIELDS):
             if number not in counts:
                 continue
-            name, limit = MODEL_INFER_REPEATS[number]
+            name, limit, advice = MODEL_INFER_REPEATS[number]
             counts[number] += 1
             if counts[number] > limit:
-                return (
-                    f"the request holds more than {limit} {name}: name each input and output once (inputs "
-                    f"{', '.join(INPUTS)}; outputs {', '.join(OUTPUTS)}, and a cascade's "
-                    f"{', '.join(CASCADE_OUTPUTS)})"
-                )
+                return f"the request holds more than {limit} {name}: {advice}"
             if name in ("inputs", "outputs") and first >= 0:
                 found += _tensor_elements(
                     data, first, last, name, counts[number] - 1, elements - found, too_many_elements

@@ -52,6 +52,19 @@ def test_more_than_16_requested_outputs_are_refused_naming_a_cascades_outputs_to
     assert "outputs logits, probabilities, and a cascade's answered_by, escalation_refused)" in check(request)
 
 
+def test_more_than_64_request_parameters_are_refused_saying_the_server_reads_none():
+    request = text_request(b"good")
+    for i in range(65):
+        request.parameters[f"p{i}"].int64_param = i
+    assert "holds more than 64 parameters: the server reads none of them, so leave them out" in check(request)
+
+
+def test_more_than_16_raw_input_contents_are_refused_asking_for_one_per_input():
+    request = text_request(b"good")
+    request.raw_input_contents.extend([b"\x04\x00\x00\x00good"] * 17)
+    assert "holds more than 16 raw_input_contents: send one per input" in check(request)
+
+
 def test_500000_typed_bytes_elements_are_refused_before_parsing():
     request = text_request(*[b""] * 500_000)
     assert "contents hold more than 256 elements in all (4 x the server's MAX_TEXTS, 64)" in check(request)
