@@ -208,7 +208,7 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
     unanswered when it ended, successful calls/s, for a paced load the calls due and the share of them that succeeded,
     latency percentiles of every finished call (from its send), and the CPU % (100 = one core) of h2load and of `server`
     with its child processes. Per-request latencies go to `log` (`log.<i>` for each of several clients). `BenchError`
-    when no call finished."""
+    when no call finished, or when a process of `server` exited during the run."""
     part = load.part()
     logs = [log] if load.clients == 1 else [log.with_name(f"{log.name}.{i}") for i in range(load.clients)]
     gap = 1 / load.rate if load.rate and load.clients > 1 else 0.0
@@ -220,7 +220,7 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
             line = command(port, request, [*part.flags(), "--log-file", str(part_log)])
             clients.append(held(line, stderr=subprocess.STDOUT))
         launchers = sum(cpu_seconds(psutil.Process(client.pid)) for client in clients)  # not h2load's: left out
-        before = sum(cpu_seconds(p) for p in tree)
+        before = server_seconds(port, tree)
         client_before = os.times()
         start = time.perf_counter()
         for index, client in enumerate(clients):
@@ -235,6 +235,7 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
                 client.wait()
     seconds = time.perf_counter() - start
     client_times = os.times()
+    server_time = server_seconds(port, tree) - before  # first: a server that lost a process explains what follows
     parts = [summary_of(client.returncode, output) for client, output in zip(clients, outputs, strict=True)]
     summary = {figure: sum(p[figure] for p in parts) for figure in SUMMARY}
     if not summary["done"]:  # nothing to time: a server that stopped, or took no connection
@@ -263,8 +264,19 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
     )
     usage = {"client_cpu": 100 * client_cpu / seconds}
     if server is not None:
-        usage["server_cpu"] = 100 * (sum(cpu_seconds(p) for p in tree) - before) / seconds
+        usage["server_cpu"] = 100 * server_time / seconds
     return record | {"seconds": load.duration_s} | usage
+
+
+def server_seconds(port: int, tree: list[psutil.Process]) -> float:
+    """The CPU seconds of the processes `tree` of the server on loopback `port`; `BenchError` when one has exited (a
+    worker killed for memory, say): the run measured a server that changed under it."""
+    try:
+        return sum(cpu_seconds(process) for process in tree)
+    except psutil.NoSuchProcess as gone:
+        raise BenchError(
+            f"process {gone.pid} of the server on port {port} exited during the run; see the server's log"
+        ) from None
 
 
 @dataclass(frozen=True)

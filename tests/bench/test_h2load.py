@@ -280,3 +280,25 @@ def test_calls_a_server_never_answers_leave_the_paced_calls_due_behind_them_unan
     load = h2load.Load(4, 2, 1.0, rate=200, clients=4)
     record = h2load.run(hanging, path, h2load.Replies(len(h2load.frame(b"reply")), 0), load, tmp_path / "log", None)
     assert record["rate_share"] < slo.MIN_PACED_SHARE
+
+
+@needs_h2load
+def test_a_server_process_that_exits_during_a_run_is_a_bench_error_naming_the_server(tmp_path, bundle, monkeypatch):
+    for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+        monkeypatch.delenv(name)
+    server = launch.edgedistill(bundle, "tiny-sentiment", threads=1, workers=2)
+    log = tmp_path / "server.log"
+    with serving(server.command, server.port, log, launch.all_serving(log, server.model)) as process:
+        body, path = write_request(tmp_path, server.model)
+        replies = h2load.Replies(len(h2load.frame(h2load.probe(server.port, body))), 0)
+        worker, release = process.children()[0], h2load.release
+
+        def killing_a_worker(client):  # as the load starts, once run() has counted the server's processes
+            if worker.is_running():
+                worker.kill()
+                worker.wait(30)  # reaped by the server, which starts another in its place
+            release(client)
+
+        monkeypatch.setattr(h2load, "release", killing_a_worker)
+        with pytest.raises(BenchError, match=f"process {worker.pid} of the server on port {server.port} exited"):
+            h2load.run(server.port, path, replies, h2load.Load(2, 2, 0.5), tmp_path / "h2load.log", process)
