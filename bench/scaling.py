@@ -12,7 +12,6 @@ bench.json (a `bench.records.ServingResult`), bench.md, every server's log.
 """
 
 import functools
-import json
 import os
 from contextlib import ExitStack
 from pathlib import Path
@@ -32,7 +31,7 @@ from edgedistill.bench.tables import (
     target_rows,
     threads_phrase,
 )
-from edgedistill.bench.targets import Example, started
+from edgedistill.bench.targets import CAPACITY, PACED, Example, phases, started
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured
 from edgedistill.common.cascade import is_cascade
@@ -40,7 +39,6 @@ from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.common.console import Console
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
-from edgedistill.serve.workers import SUPERVISING, WORKERS_SERVING
 
 STAGE = measured.SCALING
 
@@ -56,37 +54,6 @@ def stage(recipe: Recipe, bundle_folder: Path, console: Console | None = None) -
         (Artifact(measured.BUNDLE, bundle_folder),),
         extra={"server": served_settings(bundle_folder, recipe.bench.scaling.threads)},
     )
-
-
-def all_serving(log: Path, model: str):
-    """Readiness of a server writing `log`: `model` ready and, under a supervisor, every worker serving (the `event`s
-    of its JSON log lines; other lines, such as Python's warnings, are skipped)."""
-    model_ready = launch.model_ready(model)
-    read, events = 0, set()  # bytes of `log` read, and the events of their lines
-
-    def ready(channel) -> bool:
-        nonlocal read
-        if WORKERS_SERVING not in events:
-            with open(log, "rb") as file:
-                file.seek(read)
-                text = file.read()
-            whole = text[: text.rfind(b"\n") + 1]  # a line still being written is read at a later poll
-            read += len(whole)
-            events.update(event_of(line) for line in whole.splitlines())
-        if SUPERVISING in events and WORKERS_SERVING not in events:
-            return False
-        return model_ready(channel)
-
-    return ready
-
-
-def event_of(line: bytes) -> str | None:
-    """The `event` of a JSON log line; None for any other line."""
-    try:
-        entry = json.loads(line)
-    except ValueError:
-        return None
-    return entry.get("event") if isinstance(entry, dict) else None
 
 
 def _build(inputs: Inputs, console: Console) -> Built:
@@ -128,9 +95,9 @@ def _build(inputs: Inputs, console: Console) -> Built:
 def measure(
     cfg: ScalingBenchConfig, bundle: Path, example: Example, work: Path
 ) -> tuple[dict[str, list[dict]], list[int]]:
-    """Start a server for every worker count at once, probe and warm each (`bench.targets.started`), then run both
-    phases on each while the others idle, `cfg.repeats` times in a rotating order (`h2load.interleaved`). The runs by
-    '<workers> <phase>', and the counts measured."""
+    """Start a server for every worker count at once, probe and warm each once all its workers serve
+    (`bench.targets.started`), then run both phases on each while the others idle, `cfg.repeats` times in a rotating
+    order (`h2load.interleaved`). The runs by '<workers> <phase>', and the counts measured."""
     name = example.spec.name
     counts = worker_counts(cfg.workers, bundle)
     with ExitStack() as stack:
@@ -139,18 +106,10 @@ def measure(
             server = launch.edgedistill(bundle, name, cfg.threads, count)
             log = work / f"workers-{count}.log"
             saturated = cfg.connections_per_worker * count
-            loads = {
-                "capacity": h2load.Load(saturated, cfg.streams, cfg.duration_s, None, cfg.client_threads),
-                # one h2load per connection, started 1/rate apart: calls spread evenly, not in bursts
-                "paced": h2load.Load(
-                    cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections
-                ),
-            }
+            loads = phases(cfg, h2load.Load(saturated, cfg.streams, cfg.duration_s, None, cfg.client_threads))
             warm = h2load.Load(saturated, cfg.streams, cfg.warmup_s, None, cfg.client_threads)
             files = (log, work / "request")
-            targets[str(count)] = started(
-                stack, server, f"{count} workers", files, all_serving(log, name), example, loads, warm, work
-            )
+            targets[str(count)] = started(stack, server, f"{count} workers", files, example, loads, warm, work)
         return h2load.interleaved(targets, cfg.repeats, work, STAGE), counts
 
 
@@ -190,10 +149,10 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
     first = counts[0]
     ratios = {}
     for count in counts[1:]:
-        ratios[f"capacity_{count}_vs_first"] = median(count, "capacity", "requests_per_s") / median(
-            first, "capacity", "requests_per_s"
+        ratios[f"capacity_{count}_vs_first"] = median(count, CAPACITY, "requests_per_s") / median(
+            first, CAPACITY, "requests_per_s"
         )
-        ratios[f"p99_{count}_vs_first"] = median(count, "paced", "p99_ms") / median(first, "paced", "p99_ms")
+        ratios[f"p99_{count}_vs_first"] = median(count, PACED, "p99_ms") / median(first, PACED, "p99_ms")
     targets = []
     if (least := cfg.min_capacity_vs_first) is not None:
         most = most_compared(counts)
@@ -205,7 +164,7 @@ def evaluate(summary: dict, cfg: ScalingBenchConfig, counts: list[int]) -> tuple
             measured = ratios[f"p99_{count}_vs_first"]
             name = f"p99 at {cfg.rate:g} calls/s, {count} workers / {first}"
             targets.append(slo.verdict(name, measured, f"<= {limit:g}", measured <= limit))
-            sides, paced = [f"{count} workers", str(first)], [summary[f"{n} paced"] for n in (count, first)]
+            sides, paced = [f"{count} workers", str(first)], [summary[f"{n} {PACED}"] for n in (count, first)]
             targets.append(slo.no_failed_calls(sides, [figures["failures"].max for figures in paced]))
             targets.append(slo.paced_share(sides, [figures["rate_share"].min for figures in paced]))
     return ratios, targets

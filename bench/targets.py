@@ -1,21 +1,22 @@
 """Servers under h2load, set up as the peer comparison and the scaling benchmark both do: the call they are sent,
-and each server started, probed, checked and warmed, until the measurement ends."""
+each server started, probed, checked and warmed, until the measurement ends, and the loads of its phases."""
 
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import numpy as np
 from edgedistill.bench import h2load
 from edgedistill.bench.calls import ABSENT_MODEL, check_reply, infer_request, median_example
-from edgedistill.bench.peers.launch import Server
+from edgedistill.bench.peers.launch import Server, all_serving
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import serving
 from edgedistill.bench.texts import load_texts
 from edgedistill.common.bundle import BundleSpec
+from edgedistill.common.config.measure import H2loadBenchConfig
 from edgedistill.common.config.training import DataConfig
+
+CAPACITY, PACED = PHASES = ("capacity", "paced")  # each server's phases: saturated, and paced at the recipe's rate
 
 
 @dataclass(frozen=True)
@@ -44,16 +45,17 @@ def started(
     server: Server,
     name: str,
     files: tuple[Path, Path],
-    ready: Callable[[grpc.Channel], bool],
     example: Example,
     loads: dict[str, h2load.Load],
     warm: h2load.Load,
     work: Path,
 ) -> h2load.Target:
-    """`server` started (`files`: its log, and the framed request h2load sends it) and `ready`, stopped when `stack`
-    closes; its reply to `example` probed and checked (any logits from the echo server), its replies and failures
-    sized, and loaded with `warm` unless that lasts no time: the h2load target of the phases `loads`."""
+    """`server` started (`files`: its log, and the framed request h2load sends it) and ready, every worker serving
+    (`all_serving`), stopped when `stack` closes; its reply to `example` probed and checked (any logits from the echo
+    server), its replies and failures sized, and loaded with `warm` unless that lasts no time: the h2load target of
+    the phases `loads`."""
     log, request = files
+    ready = all_serving(log, server.model)
     process = stack.enter_context(serving(server.command, server.port, log, ready, server.clean_exit))
     body = infer_request(server.model, example.text, example.pair)
     reply = h2load.probe(server.port, body)
@@ -63,3 +65,10 @@ def started(
     if warm.duration_s:
         h2load.run(server.port, request, replies, warm, work / "h2load.log", None)
     return h2load.Target(server.port, request, replies, process, loads)
+
+
+def phases(cfg: H2loadBenchConfig, capacity: h2load.Load) -> dict[str, h2load.Load]:
+    """The load of each of PHASES on a server: `capacity`, and `cfg.rate` calls/s over `cfg.paced_connections`, one
+    h2load per connection, started 1/rate s apart, so that the calls spread evenly over time and over the workers."""
+    paced = h2load.Load(cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections)
+    return {CAPACITY: capacity, PACED: paced}

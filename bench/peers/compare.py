@@ -32,8 +32,9 @@ from edgedistill.bench.tables import (
     markdown_results,
     print_results,
     target_rows,
+    threads_phrase,
 )
-from edgedistill.bench.targets import Example, started
+from edgedistill.bench.targets import CAPACITY, PACED, Example, phases, started
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured
 from edgedistill.common.cascade import is_cascade
@@ -43,7 +44,6 @@ from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 
 STAGE = measured.PEERS
-PHASES = ("capacity", "paced")
 
 
 def peer_version(python: Path, peer: str) -> str:
@@ -71,13 +71,13 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
         return summary[f"{server} {phase}"][figure].median
 
     require_answered(summary)
-    capacity = {server: median(server, "capacity", "requests_per_s") for server in ["edgedistill", *cfg.peers]}
-    p99 = {server: median(server, "paced", "p99_ms") for server in ["edgedistill", *cfg.peers]}
+    capacity = {server: median(server, CAPACITY, "requests_per_s") for server in ["edgedistill", *cfg.peers]}
+    p99 = {server: median(server, PACED, "p99_ms") for server in ["edgedistill", *cfg.peers]}
     best_capacity, best_p99 = max(capacity[p] for p in cfg.peers), min(p99[p] for p in cfg.peers)
     ratios = {
         "capacity_vs_best_peer": capacity["edgedistill"] / best_capacity,
         "p99_vs_best_peer": p99["edgedistill"] / best_p99,
-        "capacity_vs_echo": capacity["edgedistill"] / median("echo", "capacity", "requests_per_s"),
+        "capacity_vs_echo": capacity["edgedistill"] / median("echo", CAPACITY, "requests_per_s"),
     } | {f"capacity_vs_{p}": capacity["edgedistill"] / capacity[p] for p in cfg.peers}
     targets = []
     if (least := cfg.min_capacity_vs_best_peer) is not None:
@@ -88,7 +88,7 @@ def evaluate(summary: dict, cfg: PeersBenchConfig) -> tuple[dict[str, float], li
         name = f"p99 at {cfg.rate:g} calls/s / best peer's"
         targets.append(slo.verdict(name, measured, f"<= {most:g}", measured <= most))
         sides = ["edgedistill", min(cfg.peers, key=p99.__getitem__)]
-        paced = [summary[f"{side} paced"] for side in sides]
+        paced = [summary[f"{side} {PACED}"] for side in sides]
         targets.append(slo.no_failed_calls(sides, [figures["failures"].max for figures in paced]))
         targets.append(slo.paced_share(sides, [figures["rate_share"].min for figures in paced]))
     return ratios, targets
@@ -178,26 +178,14 @@ def launched(
 def measure(
     cfg: PeersBenchConfig, servers: dict[str, launch.Server], example: Example, work: Path
 ) -> dict[str, list[dict]]:
-    """Start every server, probe and warm each (`bench.targets.started`), then run both phases on each,
-    `cfg.repeats` times in a rotating order (`h2load.interleaved`)."""
-    loads = {
-        "capacity": h2load.Load(cfg.connections, cfg.streams, cfg.duration_s),
-        # one h2load per connection, started 1/rate apart: calls spread evenly over time and over the workers
-        "paced": h2load.Load(cfg.paced_connections, cfg.streams, cfg.duration_s, cfg.rate, 1, cfg.paced_connections),
-    }
+    """Start every server, probe and warm each once every worker serves (`bench.targets.started`), then run both
+    phases on each, `cfg.repeats` times in a rotating order (`h2load.interleaved`)."""
+    loads = phases(cfg, h2load.Load(cfg.connections, cfg.streams, cfg.duration_s))
     warm = h2load.Load(cfg.connections, cfg.streams, cfg.warmup_s)
     with ExitStack() as stack:
         targets = {
             name: started(
-                stack,
-                server,
-                name,
-                (work / f"{name}.log", work / f"{name}.request"),
-                launch.model_ready(server.model),
-                example,
-                loads,
-                warm,
-                work,
+                stack, server, name, (work / f"{name}.log", work / f"{name}.request"), example, loads, warm, work
             )
             for name, server in servers.items()
         }
@@ -215,8 +203,8 @@ def heading(result: ServingResult) -> str:
     o, b = result.options, result.bundle
     workers = result.settings["edgedistill"]["workers"]
     return (
-        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind each server, {o['threads']} intra-op "
-        f"thread(s), {workers} worker(s) where a server has them, "
+        f"{b['name']} ({b['arch']}, {b['precision']}, {b['runtime']}) behind each server, "
+        f"{threads_phrase(b, o['threads'])}, {workers} worker(s) where a server has them, "
         f"{cores_phrase(result.machine)}; h2load, saturated over {o['connections']} connection(s) x "
         f"{o['streams']} streams, paced over {o['paced_connections']}; median (min-max) of {o['repeats']} repeats of {o['duration_s']:g} s"
     )

@@ -2,8 +2,10 @@
 
 `edgedistill` is the server as deployed, with the recipe's `bench.peers.workers` processes; `kserve` and `mlserver`
 serve the same bundle with `bench.peers.model` from their own environments (a Python interpreter each, from `make
-peers-setup`), with the server's session settings (`classifier_session`) and as many workers; `echo` is the
-do-nothing floor of `bench.servers`. Each is ready when its v2 `ModelReady` says so for the model name it serves.
+peers-setup`), with the server's session settings (`classifier_session`): KServe's `ModelServer` answers gRPC from
+one process, and MLServer from its main process, which hands each call to one of as many inference workers as the
+server has; `echo` is the do-nothing floor of `bench.servers`. Each is ready when its v2 `ModelReady` says so for the
+model name it serves and, where its log shows the server's supervisor, once every worker serves (`all_serving`).
 """
 
 import json
@@ -21,10 +23,9 @@ from edgedistill.common.machine import usable_memory
 from edgedistill.common.processes import python_module
 from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 from edgedistill.serve.settings import Settings
-from edgedistill.serve.workers import worker_bytes, worker_count
+from edgedistill.serve.workers import SUPERVISING, WORKERS_SERVING, worker_bytes, worker_count
 
 PEERS = ("kserve", "mlserver")
-SERVERS = ("edgedistill", *PEERS, "echo")
 PEER_ENVS = Path(".venv-peers")  # under the working directory, as `make peers-setup` makes them
 MODEL = "bundle"  # the model name every peer serves the bundle under
 
@@ -32,7 +33,8 @@ MODEL = "bundle"  # the model name every peer serves the bundle under
 @dataclass(frozen=True)
 class Server:
     """How to start one server: its command, gRPC port and the model name its `ModelInfer` calls name; `workers`:
-    the processes that answer them; `session`: the settings of its model's session (`model.session_of`; None: it runs
+    the processes that run its model (the server's workers, MLServer's inference workers; 1 where it has no such
+    setting); `session`: the settings of its model's session (`model.session_of`; None: it runs
     no model); `clean_exit`: whether SIGTERM must end it with status 0 (the peers' exit statuses are theirs)."""
 
     name: str
@@ -52,6 +54,37 @@ def model_ready(model: str) -> Callable[[grpc.Channel], bool]:
         return stub.ModelReady(kserve_pb2.ModelReadyRequest(name=model), timeout=1).ready
 
     return ready
+
+
+def all_serving(log: Path, model: str) -> Callable[[grpc.Channel], bool]:
+    """Readiness of a server writing `log`: `model_ready` and, under the server's supervisor, every worker serving
+    (the `event`s of its JSON log lines; other lines, such as Python's warnings, are skipped)."""
+    model_is_ready = model_ready(model)
+    read, events = 0, set()  # bytes of `log` read, and the events of their lines
+
+    def ready(channel: grpc.Channel) -> bool:
+        nonlocal read
+        if WORKERS_SERVING not in events:
+            with open(log, "rb") as file:
+                file.seek(read)
+                text = file.read()
+            whole = text[: text.rfind(b"\n") + 1]  # a line still being written is read at a later poll
+            read += len(whole)
+            events.update(event_of(line) for line in whole.splitlines())
+        if SUPERVISING in events and WORKERS_SERVING not in events:
+            return False
+        return model_is_ready(channel)
+
+    return ready
+
+
+def event_of(line: bytes) -> str | None:
+    """The `event` of a JSON log line; None for any other line."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    return entry.get("event") if isinstance(entry, dict) else None
 
 
 def peer_python(peer: str, python: Path | None = None) -> Path:

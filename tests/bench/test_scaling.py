@@ -1,6 +1,5 @@
 """The scaling benchmark: the worker counts it measures, the ratios to the first count, and a whole run."""
 
-import json
 import os
 from pathlib import Path
 
@@ -47,47 +46,6 @@ def test_fewer_than_two_counts_is_a_bench_error(bundle, monkeypatch):
     monkeypatch.setattr(workers, "usable_cores", lambda: 1)
     with pytest.raises(BenchError, match="two counts"):
         scaling.worker_counts([1, 0], bundle)
-
-
-def log_line(event: str, msg: str) -> str:
-    return json.dumps({"level": "INFO", "msg": msg, "event": event}) + "\n"
-
-
-@pytest.fixture
-def readiness(tmp_path, monkeypatch):
-    """`all_serving` on a server log in `tmp_path` whose model is ready: (the log, its readiness)."""
-    monkeypatch.setattr(launch, "model_ready", lambda model: lambda channel: True)
-    log = tmp_path / "server.log"
-    log.write_text("")
-    return log, scaling.all_serving(log, "tiny")
-
-
-def test_a_supervisor_is_ready_at_its_workers_serving_event_whatever_its_message_says(readiness):
-    log, ready = readiness
-    log.write_text(log_line(workers.SUPERVISING, "3 workers") + log_line(workers.WORKERS_SERVING, "all 3 up"))
-    assert ready(None)
-
-
-def test_a_supervisor_is_not_ready_before_its_workers_serving_event_whatever_its_lines_say(readiness):
-    log, ready = readiness
-    log.write_text(log_line(workers.SUPERVISING, "3 workers") + log_line("worker_started", "workers serving on port"))
-    assert not ready(None)
-
-
-def test_a_line_that_is_not_json_is_skipped_even_where_it_says_supervising(readiness):
-    log, ready = readiness
-    log.write_text("warnings.warn('supervising is deprecated')\n" + log_line("serving", "serving on port 1"))
-    assert ready(None)
-
-
-def test_a_line_written_across_two_polls_is_read_whole(readiness):
-    log, ready = readiness
-    line = log_line(workers.WORKERS_SERVING, "all 3 up")
-    log.write_text(log_line(workers.SUPERVISING, "3 workers") + line[:20])
-    ready(None)
-    with log.open("a") as file:
-        file.write(line[20:])
-    assert ready(None)
 
 
 def summary(

@@ -1,15 +1,19 @@
 """Servers set up for h2load: started, probed against the bundle's logits, warmed, stopped with the measurement."""
 
+import json
 import os
 from contextlib import ExitStack
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from edgedistill.bench import BenchError, h2load
+from edgedistill.bench import BenchError, h2load, processes
 from edgedistill.bench.calls import infer_request
 from edgedistill.bench.peers import launch
 from edgedistill.bench.peers.model import BundleClassifier
-from edgedistill.bench.targets import Example, started
+from edgedistill.bench.targets import PACED, PHASES, Example, phases, started
+from edgedistill.common.config.measure import PeersBenchConfig
+from edgedistill.serve import workers
 
 from tests.bench.test_h2load import needs_h2load
 
@@ -30,9 +34,7 @@ def example(bundle, logits=None) -> Example:
 def start(stack, server, bundle_example, tmp_path, warm_s=0.0) -> h2load.Target:
     files = (tmp_path / f"{server.name}.log", tmp_path / f"{server.name}.request")
     warm = h2load.Load(1, 1, warm_s)
-    return started(
-        stack, server, server.name, files, launch.model_ready(server.model), bundle_example, {}, warm, tmp_path
-    )
+    return started(stack, server, server.name, files, bundle_example, {}, warm, tmp_path)
 
 
 @needs_h2load
@@ -66,3 +68,22 @@ def test_the_server_is_stopped_when_the_measurement_ends(bundle, tmp_path, plain
     with ExitStack() as stack:
         target = start(stack, server, example(bundle), tmp_path, warm_s=0.2)
     assert not target.process.is_running()
+
+
+@needs_h2load
+def test_a_supervised_server_is_not_probed_before_every_worker_serves(bundle, tmp_path, plain_env, monkeypatch):
+    monkeypatch.setattr(processes, "START_TIMEOUT_S", 3.0)
+    echo = launch.echo()  # its model ready at once, under a log that says a supervisor runs and no more
+    supervising = json.dumps({"event": workers.SUPERVISING})
+    server = replace(echo, command=["sh", "-c", f"echo '{supervising}'; exec \"$@\"", "sh", *echo.command])
+    with ExitStack() as stack, pytest.raises(BenchError, match="did not report SERVING"):
+        start(stack, server, example(bundle), tmp_path)
+
+
+def test_every_phase_has_a_load():
+    assert list(phases(PeersBenchConfig(), h2load.Load(16, 2, 10))) == list(PHASES)
+
+
+def test_the_paced_phase_sends_from_one_h2load_per_connection():
+    cfg = PeersBenchConfig(paced_connections=4)
+    assert phases(cfg, h2load.Load(16, 2, 10))[PACED].clients == 4

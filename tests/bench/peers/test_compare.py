@@ -14,7 +14,7 @@ from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare, launch
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.records import ServingResult, Spread
-from edgedistill.bench.targets import Example
+from edgedistill.bench.targets import PHASES, Example
 from edgedistill.common.config.measure import PeersBenchConfig
 from edgedistill.common.recipe import load_recipe
 from edgedistill.common.stage import Built
@@ -218,7 +218,8 @@ def test_a_short_comparison_measures_every_server(tmp_path, bundle):
     )
     result = ServingResult.load(tmp_path / "smoke" / "serve-peers-tiny")
     assert code == 0
-    assert sorted(result.runs) == sorted(f"{s} {p}" for s in launch.SERVERS for p in compare.PHASES)
+    servers = ["edgedistill", "kserve", "mlserver", "echo"]
+    assert sorted(result.runs) == sorted(f"{server} {phase}" for server in servers for phase in PHASES)
     assert all(records[0]["failures"] == 0 for records in result.runs.values())
     assert (tmp_path / "smoke" / "serve-peers-tiny" / "bench.md").is_file()
 
@@ -233,10 +234,27 @@ def test_measure_runs_both_phases_on_every_server_it_is_given(tmp_path, bundle, 
     servers = {"edgedistill": launch.edgedistill(bundle, model.spec.name, 1, 1), "echo": launch.echo()}
     cfg = PeersBenchConfig(duration_s=0.3, warmup_s=0.1, repeats=1)
     runs = compare.measure(cfg, servers, example, tmp_path)
-    assert sorted(runs) == sorted(f"{server} {phase}" for server in servers for phase in compare.PHASES)
+    assert sorted(runs) == sorted(f"{server} {phase}" for server in servers for phase in PHASES)
 
 
 def test_the_targets_are_written_with_every_digit_the_recipe_gave():
     cfg = PeersBenchConfig(min_capacity_vs_best_peer=1.305, max_p99_vs_best_peer=0.805)
     _, targets = compare.evaluate(summary(CAPACITY, P99), cfg)
     assert [t["limit"] for t in targets[:2]] == [">= 1.305", "<= 0.805"]
+
+
+def test_the_heading_of_a_tensorrt_bundle_gives_it_no_intra_op_threads():
+    bundle = {"name": "tiny", "arch": "cnn", "precision": "fp16", "runtime": "tensorrt"}
+    result = ServingResult(
+        bundle=bundle,
+        settings={"edgedistill": {"workers": 2}},
+        options=PeersBenchConfig().model_dump(mode="json"),
+        texts={},
+        machine={"cpus": 16, "cores": 16},
+        runs={},
+        summary={},
+        ratios={},
+        targets=[],
+        passed=True,
+    )
+    assert "behind each server, no intra-op threads (a TensorRT engine), 2 worker(s)" in compare.heading(result)
