@@ -5,7 +5,8 @@ models here, with the same session options, provider options and fallback policy
 execution provider it cannot start (plain `onnxruntime` installed, or `onnxruntime-gpu` on a machine
 without a GPU) and runs on the CPU with only a console warning, which would make a GPU check or
 benchmark measure the CPU and a GPU server serve from the CPU. `open_session` compares what runs
-with what was asked and raises `ProviderFallback` unless the caller passes `allow_cpu_fallback=True`.
+with what was asked and raises `ProviderFallback` unless the caller passes `allow_cpu_fallback=True`; `missing_here`
+tells beforehand, starting each GPU provider asked for once per process on a one-node model.
 ONNX Runtime's own fallback, which moves a session to the CPU when a provider fails to start or fails a call, is
 off: a provider that fails a call (EP_FAIL, or a CUDA, cuBLAS or cuDNN failure) raises `DeviceError`.
 
@@ -13,6 +14,8 @@ A TensorRT engine (`model.plan`) is deserialised once per runner and run with de
 cuda-python, the one CUDA binding here (the INT8 calibrator of `export.tensorrt` uses it too).
 """
 
+import ctypes
+import functools
 import hashlib
 import importlib
 import logging
@@ -27,7 +30,7 @@ from edgedistill.common import settings
 from edgedistill.common.bundle import MODEL_FILES, Bundle, BundleSpec
 from edgedistill.common.config.export import ENGINE_BATCH, ENGINE_OPT_SEQUENCE
 from edgedistill.common.manifest import ArtifactError, sha256_file
-from edgedistill.common.providers import ALIASES, CPU, CUDA, TENSORRT, cuda_options
+from edgedistill.common.providers import CPU, CUDA, TENSORRT, cuda_options, known_providers
 
 try:
     import onnxruntime as ort
@@ -44,9 +47,18 @@ TRITON_PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tensorrt": "tensorrt_pla
 TRITON_LABELS_FILE = "labels.txt"  # the class names beside a model in a Triton repository (export.triton)
 SPIN_KEY = "session.intra_op.allow_spinning"
 # ONNX Runtime prints its own log to stderr as plain text, which breaks the JSON lines there (a server's log): its
-# warnings ("Removing initializer", the CUDA provider's "Memcpy nodes are added") tell nothing to act on, and each of
-# its errors, a failed call's at every call, comes back as the exception raised, so only fatal messages are let out.
+# warnings ("Removing initializer", the CUDA provider's "Memcpy nodes are added") tell nothing to act on, and its
+# errors, a failed call's at every call, come back as the exception raised, so only fatal messages are let out. One
+# error is only logged: a provider library that does not load, whose provider is dropped (`_dropped_why` finds why).
 ORT_LOG_SEVERITY = 4
+# The library ONNX Runtime loads each GPU provider from: `capi/libonnxruntime_providers_<name>.so`.
+PROVIDER_LIBRARIES = {CUDA: "cuda", TENSORRT: "tensorrt"}
+# y = Identity(x) on float[1] (opset 17, IR 8), serialised: the model a provider is started on to see whether it
+# starts here, written out so that no install needs the `onnx` package for it.
+PROBE_MODEL = bytes.fromhex(
+    "080812003a3b0a100a017812017922084964656e74697479120570726f62655a0f0a0178120a0a08080112040a020801620f0a0179120a0a"
+    "08080112040a02080142040a001011"
+)
 # Where a model built from bytes finds its external data (tensors kept in other files): by default the working
 # directory, so a model could read any file below it (`/` in a container). The model file itself, inside which no
 # file can be, refuses every such reference; no stage writes external data.
@@ -128,9 +140,9 @@ class Shapes:
 
 
 def resolve_providers(names: list[str]) -> list[str]:
-    """Full provider names in priority order ('cpu', 'cuda', 'tensorrt', 'trt' expanded), without duplicates, CPU
-    appended when absent: ONNX Runtime runs there the nodes a GPU provider does not take."""
-    ordered = list(dict.fromkeys(ALIASES.get(name.lower(), name) for name in names))
+    """`known_providers(names)` (`ValueError` for a typo, a name given twice or one after the CPU's), CPU appended
+    when absent: ONNX Runtime runs there the nodes a GPU provider does not take."""
+    ordered = known_providers(names)
     return ordered if CPU in ordered else [*ordered, CPU]
 
 
@@ -148,8 +160,33 @@ def refuse_tf32(providers: list[str], precision: str, what: str) -> None:
 
 
 def available_providers() -> list[str]:
-    """The execution providers this onnxruntime build offers (offered is not the same as usable)."""
+    """The execution providers this onnxruntime build offers (offered is not the same as usable: `provider_problem`)."""
     return ort.get_available_providers()
+
+
+def _dropped_why(provider: str) -> str:
+    """Why ONNX Runtime dropped `provider`, which this build offers, without raising: the error loading its library
+    (CUDA or cuDNN libraries missing), which ONNX Runtime only logs, or a guess where it loads."""
+    if library := PROVIDER_LIBRARIES.get(provider):
+        try:
+            ctypes.CDLL(str(Path(ort.__file__).parent / "capi" / f"libonnxruntime_providers_{library}.so"))
+        except OSError as err:
+            return str(err)
+    return "no GPU or driver?"
+
+
+@functools.cache
+def provider_problem(provider: str) -> str | None:
+    """Why `provider`, which this onnxruntime build offers, does not start here, or None where it does: found once per
+    process by opening `PROBE_MODEL` on it."""
+    ort.set_default_logger_severity(ORT_LOG_SEVERITY)
+    options = ort.SessionOptions()
+    options.log_severity_level = ORT_LOG_SEVERITY
+    try:
+        session = ort.InferenceSession(PROBE_MODEL, options, providers=[provider, CPU], enable_fallback=0)
+    except Exception as err:  # onnxruntime raises its own exception types
+        return str(err)
+    return None if provider in session.get_providers() else _dropped_why(provider)
 
 
 def provider_options(provider: str, precision: str, model: bytes | Path, shapes: Shapes | None = None) -> dict:
@@ -198,8 +235,14 @@ def missing_here(runtime: str, providers: list[str]) -> str | None:
         if problems:
             return "; ".join(problems)
     offered = available_providers()
-    absent = [p for p in requested if p not in offered]
-    return f"{', '.join(absent)} not offered by this onnxruntime build" if absent else None
+    if absent := [p for p in requested if p not in offered]:
+        return f"{', '.join(absent)} not offered by this onnxruntime build"
+    unstarted = [
+        f"{p} is offered but does not start here: {why}"
+        for p in requested
+        if p in PROVIDER_LIBRARIES and (why := provider_problem(p))
+    ]
+    return "; ".join(unstarted) or None
 
 
 def cascade_missing_here(export, name: str) -> str | None:
@@ -288,7 +331,7 @@ def open_session(
     missing = [p for p in requested if p not in active]
     if missing:
         reasons = [
-            f"{p} is offered but failed to start ({failures.get(p, 'no GPU or driver?')})"
+            f"{p} is offered but failed to start ({failures[p] if p in failures else _dropped_why(p)})"
             if p in offered
             else f"{p} is not in this onnxruntime build"
             for p in missing
@@ -523,6 +566,10 @@ class EngineRunner:
                 f"(`edgedistill bundles RECIPE --only {Path(plan_path).parent.name.removeprefix('bundle-')}`)"
             )
         self.context = self.engine.create_execution_context()
+        if self.context is None:  # TensorRT's answer where the GPU has no memory left for the context's
+            errors = "; ".join(self.logger.errors) or "see the log above"
+            del self.engine  # and its weights on the GPU
+            raise DeviceError(f"TensorRT cannot make an execution context for {plan_path}: {errors}")
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.output_names = [n for n in names if n not in self.input_names]
@@ -539,8 +586,8 @@ class EngineRunner:
         """A device buffer of at least `nbytes` for tensor `name`."""
         pointer, capacity = self._buffers.get(name, (0, 0))
         if capacity < nbytes:
-            if pointer:
-                self.cuda.free(pointer)
+            if pointer:  # forgotten before it is freed: a failed allocation next leaves no freed pointer to reuse
+                self.cuda.free(self._buffers.pop(name)[0])
             pointer = self.cuda.alloc(nbytes)
             self._buffers[name] = (pointer, nbytes)
         return pointer
@@ -573,11 +620,13 @@ class EngineRunner:
         }
 
     def close(self) -> None:
-        for pointer, _ in self._buffers.values():
-            self.cuda.free(pointer)
-        self._buffers.clear()
-        self.cuda.destroy_stream(self.stream)
-        del self.context, self.engine
+        """`Runner.close`: each buffer freed once, the stream destroyed even where freeing one fails."""
+        try:
+            while self._buffers:
+                self.cuda.free(self._buffers.popitem()[1][0])
+        finally:
+            self.cuda.destroy_stream(self.stream)
+            del self.context, self.engine
 
 
 # --- Opening a model or a bundle --------------------------------------------------------------------------------

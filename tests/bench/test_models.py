@@ -37,6 +37,7 @@ def test_bench_times_a_gpu_bundle_only_where_its_provider_is_offered(monkeypatch
     assert model_stage.left_out(BundleRecipe(source="teacher")) is None
     assert "runtime tensorrt" in model_stage.left_out(BundleRecipe(source="teacher", runtime="tensorrt"))
     monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(runtime, "provider_problem", lambda provider: None)  # offered, and it starts
     assert model_stage.left_out(cuda) is None
 
 

@@ -2,6 +2,7 @@ import logging
 import re
 import sys
 import types
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -166,11 +167,25 @@ def test_provider_aliases_are_expanded_and_cpu_comes_last():
 
 
 def test_cpu_is_appended_when_not_requested():
-    assert resolve_providers(["tensorrt", "cuda", "CUDAExecutionProvider"]) == [
+    assert resolve_providers(["tensorrt", "cuda"]) == [
         "TensorrtExecutionProvider",
         "CUDAExecutionProvider",
         "CPUExecutionProvider",
     ]
+
+
+@pytest.mark.parametrize(
+    "providers, message",
+    [
+        (["CUDAExecutionProvidr"], "no ONNX Runtime execution provider, in any build: did you mean"),
+        (["cuda", "CUDAExecutionProvider"], "CUDAExecutionProvider is named twice"),
+        (["cpu", "cuda"], "CUDAExecutionProvider after CPUExecutionProvider would run nothing"),
+    ],
+    ids=["misspelt", "twice", "after-the-cpu"],
+)
+def test_a_session_on_providers_onnx_runtime_would_not_run_as_named_is_refused(model, providers, message):
+    with pytest.raises(ValueError, match=message):
+        open_session(model, providers)
 
 
 @pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; the fallback is tested without it")
@@ -236,14 +251,19 @@ def test_a_broken_model_file_raises_model_load_error(tmp_path):
         open_session(broken, ["cpu"])
 
 
+def provider_names(providers: list) -> list[str]:
+    """The names of the providers a session is asked for, each a name or a (name, options) pair."""
+    return [p if isinstance(p, str) else p[0] for p in providers]
+
+
 def fail_to_start(monkeypatch, provider: str, error: str) -> list[tuple[list[str], list[str] | None]]:
     """CUDA and TensorRT offered, but every session asked for `provider` fails to start with `error`; returns each
     session ONNX Runtime was asked to build: (its providers, its disabled optimizers)."""
     attempts, real = [], ort.InferenceSession._create_inference_session
 
     def create(session, providers, provider_options, disabled_optimizers=None):
-        attempts.append(([p[0] for p in providers], disabled_optimizers))
-        if any(p[0] == provider for p in providers):
+        attempts.append((provider_names(providers), disabled_optimizers))
+        if provider in provider_names(providers):
             session._fallback_providers = ["CPUExecutionProvider"]  # as ONNX Runtime sets it before it starts them
             raise RuntimeError(error)
         return real(session, providers, provider_options, disabled_optimizers)
@@ -264,6 +284,15 @@ def cuda_fails_to_start(monkeypatch):
 def tensorrt_fails_to_start(monkeypatch, trt_cache, tf32_override):
     """Every session asked for TensorRT fails to start (see `fail_to_start`)."""
     return fail_to_start(monkeypatch, "TensorrtExecutionProvider", "TensorRT EP failed to create engine")
+
+
+@pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; its library loads here")
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider names")
+def test_a_gpu_provider_dropped_without_an_error_is_refused_with_why_its_library_does_not_load(model, monkeypatch):
+    # this build offers no CUDA, so ONNX Runtime drops it as onnxruntime-gpu does where its CUDA libraries are missing
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(ProviderFallback, match=r"failed to start \(.*libonnxruntime_providers_cuda\.so: cannot open"):
+        open_session(model, ["cuda"])
 
 
 def test_a_gpu_provider_that_fails_to_start_is_refused_with_its_error(model, cuda_fails_to_start):
@@ -511,9 +540,60 @@ def test_cpu_is_always_runnable(monkeypatch):
     assert missing_here("onnxruntime", ["CPUExecutionProvider"]) is None
 
 
-def test_an_offered_provider_is_runnable(monkeypatch):
-    monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+@pytest.fixture
+def probed_afresh():
+    """Whether each provider starts, probed again in this test and after it (`runtime.provider_problem`)."""
+    runtime.provider_problem.cache_clear()
+    yield
+    runtime.provider_problem.cache_clear()
+
+
+@pytest.fixture
+def gpu_providers_start(monkeypatch, probed_afresh):
+    """CUDA and TensorRT offered, and every session starting each provider it is asked for (running on the CPU)."""
+    real = ort.InferenceSession._create_inference_session
+
+    def create(session, providers, provider_options, disabled_optimizers=None):
+        real(session, ["CPUExecutionProvider"], None, disabled_optimizers)
+        session._providers = provider_names(providers)
+
+    offered = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(runtime, "available_providers", lambda: offered)
+    monkeypatch.setattr(ort.InferenceSession, "_create_inference_session", create)
+
+
+def test_an_offered_provider_that_starts_is_runnable(gpu_providers_start):
     assert missing_here("onnxruntime", ["cuda"]) is None
+
+
+@pytest.mark.skipif(cuda_offered, reason="this onnxruntime build offers CUDA; its library loads here")
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available provider names")
+def test_an_offered_provider_that_does_not_start_here_is_named_with_why(monkeypatch, probed_afresh):
+    # this build offers no CUDA, so ONNX Runtime drops it as onnxruntime-gpu does where its CUDA libraries are missing
+    monkeypatch.setattr(runtime, "available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert re.fullmatch(
+        r"CUDAExecutionProvider is offered but does not start here: .*/libonnxruntime_providers_cuda\.so: cannot "
+        r"open shared object file: No such file or directory",
+        missing_here("onnxruntime", ["cuda"]),
+    )
+
+
+def test_an_offered_provider_that_fails_to_start_is_named_with_its_error(cuda_fails_to_start, probed_afresh):
+    assert missing_here("onnxruntime", ["cuda"]) == (
+        "CUDAExecutionProvider is offered but does not start here: CUDA failure 35: driver too old"
+    )
+
+
+def test_whether_a_provider_starts_is_probed_once_per_process(cuda_fails_to_start, probed_afresh):
+    missing_here("onnxruntime", ["cuda"])
+    missing_here("onnxruntime", ["cuda"])
+    assert len(cuda_fails_to_start) == 1
+
+
+def test_the_probe_model_is_one_identity_node_onnx_accepts():
+    probe = onnx.load_from_string(runtime.PROBE_MODEL)
+    onnx.checker.check_model(probe)
+    assert [node.op_type for node in probe.graph.node] == ["Identity"]
 
 
 def test_an_engine_needs_tensorrt_but_no_execution_provider(monkeypatch):
@@ -732,3 +812,175 @@ def test_the_gpu_hint_removes_the_cpu_wheel_before_installing_the_gpu_extra_from
     assert re.search(
         r"pip uninstall .*onnxruntime .*pip install .*--extra-index-url https://pypi\.nvidia\.com", runtime.GPU_HINT
     )
+
+
+# --- TensorRT engines, up to the GPU ------------------------------------------------------------------------------
+
+
+class FakeCuda:
+    """CUDA as `Cuda` drives it, with host bookkeeping for device memory: `cudaMalloc` of more than `limit` bytes
+    fails as out of memory, and using or freeing a pointer not allocated fails, as CUDA's calls do; with `broken`,
+    every `cudaFree` fails."""
+
+    limit = 100
+    broken = False
+
+    def __init__(self):
+        self.live, self.streams, self.last = set(), set(), 0
+
+    def device_count(self) -> int:
+        return 1
+
+    def device_name(self, ordinal: int = 0) -> str:
+        return "Fake GPU"
+
+    def driver_version(self) -> str:
+        return "13.0"
+
+    def alloc(self, nbytes: int) -> int:
+        if nbytes > self.limit:
+            raise DeviceError("cudaMalloc failed with cudaErrorMemoryAllocation")
+        self.last += 1
+        self.live.add(self.last)
+        return self.last
+
+    def free(self, pointer: int) -> None:
+        self._check(pointer, "cudaFree")
+        if self.broken:
+            raise DeviceError("cudaFree failed with cudaErrorLaunchFailure")
+        self.live.remove(pointer)
+
+    def _check(self, pointer: int, call: str) -> None:
+        if pointer not in self.live:
+            raise DeviceError(f"{call} failed with cudaErrorInvalidValue")
+
+    def to_device(self, pointer: int, array: np.ndarray, stream=None) -> None:
+        self._check(pointer, "cudaMemcpyAsync")
+
+    def to_host(self, array: np.ndarray, pointer: int, stream) -> None:
+        self._check(pointer, "cudaMemcpyAsync")
+
+    def stream(self) -> int:
+        self.streams.add(stream := len(self.streams) + 1)
+        return stream
+
+    def synchronize(self, stream) -> None:
+        pass
+
+    def destroy_stream(self, stream) -> None:
+        self.streams.remove(stream)
+
+
+def fake_engine(monkeypatch, context: bool = True) -> list:
+    """The tensorrt package and CUDA as `FakeCuda`, around an engine of x [batch, 2] -> y [batch, 2] for 1 to 64
+    rows; without `context`, the engine makes no execution context, as TensorRT's does out of GPU memory. Returns a
+    weak reference to each engine deserialised."""
+    trt = types.ModuleType("tensorrt")
+    trt.__version__ = "10.16.1"
+    trt.nptype = np.dtype
+    trt.TensorIOMode = types.SimpleNamespace(INPUT="input", OUTPUT="output")
+    engines = []
+
+    class ILogger:
+        Severity = types.SimpleNamespace(INTERNAL_ERROR=0, ERROR=1, WARNING=2, INFO=3)
+
+        def __init__(self):
+            pass
+
+    class Context:
+        def set_input_shape(self, name, shape) -> bool:
+            self.rows = shape[0]
+            return True
+
+        def set_tensor_address(self, name, pointer) -> None:
+            pass
+
+        def get_tensor_shape(self, name) -> tuple:
+            return (self.rows, 2)
+
+        def execute_async_v3(self, stream) -> bool:
+            return True
+
+    class Engine:
+        num_io_tensors = 2
+
+        def __init__(self, logger):
+            self.logger = logger
+
+        def create_execution_context(self):
+            if context:
+                return Context()
+            self.logger.log(ILogger.Severity.ERROR, "Error Code 2: OutOfMemory (no memory for the context)")
+            return None
+
+        def get_tensor_name(self, index: int) -> str:
+            return ("x", "y")[index]
+
+        def get_tensor_mode(self, name: str) -> str:
+            return trt.TensorIOMode.INPUT if name == "x" else trt.TensorIOMode.OUTPUT
+
+        def get_tensor_dtype(self, name: str):
+            return np.float32
+
+        def get_tensor_profile_shape(self, name: str, profile: int) -> list:
+            return [(1, 2), (8, 2), (64, 2)]
+
+    class Runtime:
+        def __init__(self, logger):
+            self.logger = logger
+
+        def deserialize_cuda_engine(self, plan: bytes):
+            engines.append(weakref.ref(engine := Engine(self.logger)))
+            return engine
+
+    trt.ILogger, trt.Runtime = ILogger, Runtime
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setattr(runtime, "Cuda", FakeCuda)
+    return engines
+
+
+def rows(count: int) -> dict[str, np.ndarray]:
+    return {"x": np.ones((count, 2), np.float32)}
+
+
+@pytest.fixture
+def engine_out_of_memory(monkeypatch):
+    """An engine that has run a call of one row and failed one of 32, for which CUDA had no memory left."""
+    fake_engine(monkeypatch)
+    runner = open_runner("bundle-engine/model.plan", "tensorrt", [], model=b"plan")
+    runner.infer(rows(1))
+    with pytest.raises(DeviceError, match="cudaMalloc failed with cudaErrorMemoryAllocation"):
+        runner.infer(rows(32))
+    return runner
+
+
+def test_an_engine_that_failed_to_grow_a_buffer_runs_the_next_call_in_a_new_one(engine_out_of_memory):
+    assert engine_out_of_memory.infer(rows(1))["y"].shape == (1, 2)
+
+
+def test_an_engine_that_failed_to_grow_a_buffer_frees_each_of_its_buffers_once_on_close(engine_out_of_memory):
+    engine_out_of_memory.close()
+    assert not engine_out_of_memory.cuda.live
+
+
+def test_an_engine_whose_buffers_cannot_be_freed_destroys_its_stream_on_close(monkeypatch):
+    fake_engine(monkeypatch)
+    runner = open_runner("bundle-engine/model.plan", "tensorrt", [], model=b"plan")
+    runner.infer(rows(1))
+    runner.cuda.broken = True
+    with pytest.raises(DeviceError, match="cudaFree failed"):
+        runner.close()
+    assert not runner.cuda.streams
+
+
+def test_an_engine_without_an_execution_context_raises_device_error_naming_the_plan_and_tensorrts_error(monkeypatch):
+    fake_engine(monkeypatch, context=False)
+    with pytest.raises(DeviceError, match=r"execution context for bundle-engine/model\.plan: .*OutOfMemory"):
+        open_runner("bundle-engine/model.plan", "tensorrt", [], model=b"plan")
+
+
+def test_an_engine_without_an_execution_context_is_released(monkeypatch):
+    engines = fake_engine(monkeypatch, context=False)
+    with pytest.raises(DeviceError):
+        open_runner("bundle-engine/model.plan", "tensorrt", [], model=b"plan")
+    assert [engine() for engine in engines] == [None]
