@@ -231,16 +231,21 @@ def _checked(folder: Path, name: str, entry: FileEntry, keep: bool) -> bytes | N
     return data
 
 
-def unlisted(folder: Path, manifest: Manifest) -> list[str]:
-    """The files in `folder` its manifest does not list, but its card and hidden ones (`.DS_Store`, an editor's):
-    a Hugging Face loader reads what a folder holds (a `special_tokens_map.json` added would change the padding)."""
+def _listable(folder: Path) -> list[str]:
+    """The files in `folder` a manifest lists, by their paths in it: all but its manifest, its card and hidden ones
+    (`.DS_Store`, an editor's, which are let be)."""
     names = (file.relative_to(folder).as_posix() for file in sorted(folder.rglob("*")) if file.is_file())
-    kept = (MANIFEST, CARD)
     return [
         name
         for name in names
-        if name not in manifest.files and name not in kept and not any(p.startswith(".") for p in name.split("/"))
+        if name not in (MANIFEST, CARD) and not any(part.startswith(".") for part in name.split("/"))
     ]
+
+
+def unlisted(folder: Path, manifest: Manifest) -> list[str]:
+    """The files in `folder` its manifest does not list (`_listable` ones): a Hugging Face loader reads what a folder
+    holds (a `special_tokens_map.json` added would change the padding)."""
+    return [name for name in _listable(folder) if name not in manifest.files]
 
 
 def load(folder: str | Path, verify: bool = True) -> Manifest:
@@ -457,14 +462,13 @@ def stage_folder(final: Path):
 
 
 def commit(tmp: Path, final: Path, manifest: Manifest) -> Manifest:
-    """Hash every file in `tmp` but its manifest and card (a manifest of a folder inside it, a cascade member's, is
-    listed as any other file), write its manifest, and rename it to `final` (replacing any old one)."""
+    """Hash every `_listable` file in `tmp` (a manifest of a folder inside it, a cascade member's, is listed as any
+    other file), write its manifest, and rename it to `final` (replacing any old one)."""
     tmp, final = Path(tmp), Path(final)
     files = {}
-    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        name = file.relative_to(tmp).as_posix()
-        if name not in (MANIFEST, CARD):
-            files[name] = FileEntry(sha256=sha256_file(file), size_bytes=file.stat().st_size)
+    for name in _listable(tmp):
+        file = tmp / name
+        files[name] = FileEntry(sha256=sha256_file(file), size_bytes=file.stat().st_size)
     manifest = manifest.model_copy(
         update={
             "files": files,

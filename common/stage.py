@@ -115,26 +115,29 @@ class Artifact:
 WALL = ".wall_seconds"  # in a stage's work folder: the wall time of its runs that stopped before publishing
 
 
-def _earlier_seconds(work: Path, config_hash: str) -> float:
-    """The wall time the runs that stopped before this one spent on the build of `config_hash` that `work` resumes;
-    0 for a fresh one, one of another config, or a file this code did not write."""
+def _take_earlier(work: Path, work_key: str, watch: mf.Stopwatch) -> None:
+    """Add to `watch` the wall time that the runs stopped before this one kept in `work` for the work of `work_key`
+    (`Inputs.work_key`) and remove that record, read once the build has run: none where the build emptied the folder
+    (a forced run starting over), for other work (a parent built again), or in a file this code did not write."""
     try:
         kept = json.loads((work / WALL).read_text())
-        return max(0.0, float(kept["seconds"])) if kept["config_hash"] == config_hash else 0.0
+        watch.earlier += max(0.0, float(kept["seconds"])) if kept["work_key"] == work_key else 0.0
     except (OSError, ValueError, TypeError, KeyError):
-        return 0.0
+        pass
+    (work / WALL).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
-def _wall_kept(work: Path, config_hash: str, watch: mf.Stopwatch):
+def _wall_kept(inputs: Inputs, watch: mf.Stopwatch):
     """Where the build stops (Ctrl-C, SIGTERM, an error) and leaves its work folder to resume, keep its wall time so
-    far there: the run that publishes adds it, so that `wall_seconds` is the build's over its runs (those a SIGKILL,
-    or the out-of-memory killer, ended left out)."""
+    far there, with that of the runs before it whose work it went on with: the run that publishes adds it, so that
+    `wall_seconds` is the build's over its runs (those a SIGKILL, or the out-of-memory killer, ended left out)."""
     try:
         yield
     except BaseException:
-        if work.is_dir() and _main_rank():
-            atomic_write(work / WALL, json.dumps({"config_hash": config_hash, "seconds": watch.seconds}))
+        if inputs.work.is_dir() and _main_rank():
+            _take_earlier(inputs.work, inputs.work_key, watch)
+            atomic_write(inputs.work / WALL, json.dumps({"work_key": inputs.work_key, "seconds": watch.seconds}))
         raise
 
 
@@ -340,7 +343,7 @@ class Stage:
             )
         if (self.folder / mf.MANIFEST).is_file() and _main_rank():
             print(f"[{self.name}] building again: {stale}")
-        watch = mf.Stopwatch(_earlier_seconds(self.work, self.config_hash))
+        watch = mf.Stopwatch()
         if self.preflight is not None:
             self.preflight()
         inputs = self.inputs(force)
@@ -349,12 +352,12 @@ class Stage:
         with (
             tracking.stage_run(self.recipe, self.name, self.config_hash) as tracker,
             _removed_if_failed(inputs),
-            _wall_kept(self.work, self.config_hash, watch),
+            _wall_kept(inputs, watch),
         ):
             built = self.build(inputs)
             if built is None:
                 return None
-            (self.work / WALL).unlink(missing_ok=True)  # where the work folder is the artifact, not one of its files
+            _take_earlier(self.work, inputs.work_key, watch)  # before the work folder may become the artifact
             if built.write is None:
                 manifest = self._publish(self.work, built, watch, parents)
             else:

@@ -326,6 +326,25 @@ def test_an_artifacts_card_and_hidden_files_are_not_refused(tmp_path, name):
     assert mf.load(folder).stage == "stage"
 
 
+def publish_with_hidden_file(tmp_path) -> mf.Manifest:
+    """An artifact published while a `.DS_Store` lay in its folder (Finder, or an editor, looking in as it was built)."""
+    final = tmp_path / "stage"
+    with mf.stage_folder(final) as tmp:
+        (tmp / "model.bin").write_bytes(b"weights")
+        (tmp / ".DS_Store").write_bytes(b"finder")
+        return mf.commit(tmp, final, mf.Manifest(stage="stage", recipe="r", recipe_hash="h", config_hash="c"))
+
+
+def test_a_hidden_file_in_an_artifact_at_publish_is_not_listed(tmp_path):
+    assert set(publish_with_hidden_file(tmp_path).files) == {"model.bin"}
+
+
+def test_an_artifact_whose_hidden_file_was_removed_since_it_was_published_loads(tmp_path):
+    publish_with_hidden_file(tmp_path)
+    (tmp_path / "stage" / ".DS_Store").unlink()
+    assert mf.load(tmp_path / "stage").stage == "stage"
+
+
 def test_verifying_an_artifact_gives_the_bytes_of_the_files_kept(tmp_path):
     manifest = publish(tmp_path)
     assert mf.verified(tmp_path / "stage", manifest, keep=["sub/tok.json"]) == {"sub/tok.json": b"{}"}

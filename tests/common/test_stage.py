@@ -673,14 +673,14 @@ def test_skip_all_under_torchrun_leaves_the_ranks_to_decide_together(recipe, mon
     assert not skip_all([stage])
 
 
-def stopped_once_after(seconds: float):
-    """A build body whose first run works `seconds` in its resumable work, then is stopped by Ctrl-C; its second
-    run publishes at once."""
+def stopped_after(seconds: float, times: int = 1):
+    """A build body whose first `times` runs each work `seconds` in its resumable work, then are stopped by Ctrl-C;
+    the run after them publishes at once."""
     runs = []
 
     def build(inputs):
         runs.append(work := inputs.resumable_work())
-        if len(runs) == 1:
+        if len(runs) <= times:
             work.mkdir(parents=True, exist_ok=True)
             (work / "checkpoint.pt").write_text("step 1")
             time.sleep(seconds)
@@ -691,17 +691,42 @@ def stopped_once_after(seconds: float):
 
 
 def test_a_resumed_build_records_the_wall_time_of_its_runs_together(recipe):
-    stage = Stage("up", recipe(), ("data",), stopped_once_after(0.5))
+    stage = Stage("up", recipe(), ("data",), stopped_after(0.5))
     with pytest.raises(KeyboardInterrupt):
         stage.run()
     assert stage.run().wall_seconds >= 0.5
 
 
+def test_a_build_stopped_twice_records_the_wall_time_of_its_three_runs_together(recipe):
+    stage = Stage("up", recipe(), ("data",), stopped_after(0.3, times=2))
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            stage.run()
+    assert stage.run().wall_seconds >= 0.6
+
+
 def test_the_wall_time_kept_for_another_config_is_not_added(recipe):
-    stage = Stage("up", recipe(), ("data",), stopped_once_after(0.5))
+    stage = Stage("up", recipe(), ("data",), stopped_after(0.5))
     with pytest.raises(KeyboardInterrupt):
         stage.run()
     assert Stage("up", recipe(**{"data.dev": "other"}), ("data",), writer("a.txt")).run().wall_seconds < 0.5
+
+
+def test_a_forced_run_leaves_out_the_wall_time_of_the_work_it_started_over_from(recipe):
+    stage = Stage("up", recipe(), ("data",), stopped_after(0.5))
+    with pytest.raises(KeyboardInterrupt):
+        stage.run()
+    assert stage.run(force=True).wall_seconds < 0.5
+
+
+def test_the_wall_time_kept_for_work_on_a_parent_built_again_since_is_not_added(recipe):
+    parent = Stage("parent", recipe(), ("data",), writer("p.txt"))
+    child = Stage("child", recipe(), ("data",), stopped_after(0.5), (parent,))
+    parent.run()
+    with pytest.raises(KeyboardInterrupt):
+        child.run()
+    Stage("parent", recipe(), ("data",), writer("p.txt", "retrained")).run(force=True)
+    assert child.run().wall_seconds < 0.5
 
 
 @pytest.fixture
