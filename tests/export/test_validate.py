@@ -1,5 +1,6 @@
 """The shape checks and the dev check of `export.validate`: a non-finite logit, or an fp32 graph off by more than
-the tolerance at a shape or on dev, misses the gate; a bundle longer than the shapes is checked at its length."""
+the tolerance at a shape or on dev, misses the gate; a figure exactly at its gate passes it; a bundle longer than the
+shapes is checked at its length."""
 
 import numpy as np
 import pytest
@@ -89,3 +90,44 @@ def test_an_fp32_bundle_off_pytorch_on_dev_by_more_than_the_tolerance_misses_the
 
 def test_an_fp16_bundle_off_pytorch_on_dev_by_the_same_passes_its_gate():
     assert gate(dev_figures_off_by(2 * FP32_TOLERANCE), "fp16", 0.995, 0.005, "x") is None
+
+
+def int8_figures(torch_right: int, int8_right: int, texts: int = 1000) -> dict[str, float]:
+    """Gate figures of an INT8 bundle that gets `int8_right` of `texts` dev texts right where PyTorch gets
+    `torch_right`, its answers otherwise PyTorch's."""
+    return {
+        "dev_accuracy": int8_right / texts,
+        "torch_dev_accuracy": torch_right / texts,
+        "agreement_beyond_ties": 1.0,
+        "tie_flips": 0,
+        "max_abs_diff": 0.1,
+    }
+
+
+def test_an_int8_bundle_losing_exactly_the_allowed_drop_passes_its_gate():
+    # 0.9 - 0.895 is 0.005000000000000004 in floats
+    assert gate(int8_figures(900, 895), "int8", 0.97, 0.005) is None
+
+
+def test_an_int8_bundle_losing_one_text_more_than_the_allowed_drop_misses_its_gate():
+    with pytest.raises(ExportGateError, match=r"INT8 loses 0\.0060 dev accuracy"):
+        gate(int8_figures(900, 894), "int8", 0.97, 0.005)
+
+
+def differing_answers(texts: int, differ: int) -> dict[str, float]:
+    """Parity figures of a bundle whose answers differ from PyTorch's, far from a near-tie, on `differ` of `texts`."""
+    torch_logits = np.tile([1.0, 0.0], (texts, 1))
+    exported = torch_logits.copy()
+    exported[:differ] = [0.0, 1.0]
+    data = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
+    return parity(exported, torch_logits, [0] * texts, data, 0.1)
+
+
+def test_a_bundle_agreeing_exactly_as_often_as_its_gate_asks_passes_it():
+    # 8 of 125 differ: 1 - 0.064 is 0.9359999999999999 in floats
+    assert gate(differing_answers(125, 8), "fp16", 0.936, 0.005) is None
+
+
+def test_a_bundle_agreeing_one_text_less_often_than_its_gate_asks_misses_it():
+    with pytest.raises(ExportGateError, match=r"fp16 predictions agree with PyTorch on 92\.8000% of dev"):
+        gate(differing_answers(125, 9), "fp16", 0.936, 0.005)
