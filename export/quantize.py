@@ -96,9 +96,16 @@ def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list
 
 def weight_scales(path: Path) -> dict[str, int]:
     """How many of a dynamic INT8 graph's weights have one scale and how many one per output channel: ONNX Runtime's
-    dynamic Conv (ConvInteger) takes one whatever `per_channel` says. Its weights' scales are its only `_scale`
-    initializers (the activations' are computed as it runs)."""
-    sizes = [math.prod(t.dims) for t in onnx.load(str(path)).graph.initializer if t.name.endswith("_scale")]
+    dynamic Conv (ConvInteger) takes one whatever `per_channel` says, and an LSTM's weights take either per direction
+    (their scales' first axis). Its weights' scales are its only `_scale` initializers (the activations' are computed
+    as it runs)."""
+    graph = onnx.load(str(path)).graph
+    per_direction = {name for node in graph.node if node.op_type == "DynamicQuantizeLSTM" for name in node.input}
+    sizes = [
+        math.prod(t.dims[1:] if t.name in per_direction else t.dims)
+        for t in graph.initializer
+        if t.name.endswith("_scale")
+    ]
     return {"per_tensor": sum(size == 1 for size in sizes), "per_channel": sum(size > 1 for size in sizes)}
 
 

@@ -60,6 +60,18 @@ def test_dynamic_int8_per_channel_records_that_conv_weights_keep_one_scale(tmp_p
     assert applied["weight_scales"] == {"per_tensor": 1, "per_channel": 1}
 
 
+@pytest.mark.parametrize(
+    "per_channel, scales", [(False, {"per_tensor": 5, "per_channel": 0}), (True, {"per_tensor": 1, "per_channel": 4})]
+)
+def test_dynamic_int8_counts_a_bilstms_weight_scales_per_direction(tmp_path, per_channel, scales):
+    """An LSTM's weights have a scale per direction, or per direction and output channel; the embedding table one."""
+    torch.manual_seed(0)
+    student = build_student(StudentConfig(arch="bilstm", vocab_size=100, embed_dim=8, hidden_size=8)).eval()
+    export_onnx(Source(student, ("input_ids", "attention_mask"), "bilstm", tmp_path), tmp_path / "plain.onnx", 17)
+    applied = quantize.int8_dynamic(tmp_path / "plain.onnx", tmp_path / "int8.onnx", per_channel=per_channel)
+    assert applied["weight_scales"] == scales
+
+
 def test_static_int8_quantizes_a_gpt_teachers_projection_weights(tmp_path):
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=120, n_embd=16, n_layer=2, n_head=2, n_positions=64, pad_token_id=0)
