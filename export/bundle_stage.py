@@ -203,25 +203,26 @@ def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
     length = max_length(recipe, spec.source)
     segments = cache.segments(spec.source)
 
-    def short_of(found: int, where: str) -> None:
-        if found < (asked := recipe.export.calibration_sentences):
+    def short_of(found: int, key: str, where: str) -> None:
+        if found < (asked := getattr(recipe.export, key)):
             print(
                 f"[bundle-{bundle_id}] warning: INT8 calibration found {found} of the {asked} texts "
-                f"export.calibration_sentences asks for in {where}, and calibrates on those {found}"
+                f"export.{key} asks for in {where}, and calibrates on those {found}"
             )
 
     def calibration() -> list[dict[str, np.ndarray]]:
         """Batches of the first `calibration_sentences` transfer-set examples (pairs too, where it has them)."""
         count, transfer = recipe.export.calibration_sentences, inputs.parent("transfer")
         texts = read_texts(transfer / "texts.txt", count)
-        short_of(len(texts), "the transfer set")
+        short_of(len(texts), "calibration_sentences", "the transfer set")
         pairs = read_texts(transfer / "pairs.txt", count) if (transfer / "pairs.txt").is_file() else None
         return _batches(texts, pairs, cache.tokenizer, length, source.inputs, segments)
 
     def train_calibration() -> list[dict[str, np.ndarray]]:
-        train, count = cache.train, recipe.export.calibration_sentences
+        """Batches of the first `smooth_sentences` train examples."""
+        train, count = cache.train, recipe.export.smooth_sentences
         texts = train.texts[:count]
-        short_of(len(texts), "the training split (smooth)")
+        short_of(len(texts), "smooth_sentences", "the training split (smooth)")
         pairs = train.pairs[:count] if train.pairs else None
         return _batches(texts, pairs, cache.tokenizer, length, source.inputs, segments)
 

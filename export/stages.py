@@ -26,7 +26,17 @@ from edgedistill.common.runtime import (
 from edgedistill.common.stage import Stage, body
 from edgedistill.distill import stages as trained
 
-GATES = ("opset", "min_agreement", "min_fp16_agreement", "max_int8_drop", "min_int8_agreement", "calibration_sentences")
+GATES = (
+    "opset",
+    "min_agreement",
+    "min_fp16_agreement",
+    "max_int8_drop",
+    "min_int8_agreement",
+    "calibration_sentences",
+    "smooth_sentences",
+)
+# Settings hashed once set (`ExportConfig.hashed_when_set`) that every bundle, or a smoothed one, reads.
+ONCE_SET = frozenset({"tie_margin", "smooth_sentences"})
 
 
 def bundle(recipe: Recipe, bundle_id: str, cache=None) -> Stage:
@@ -39,7 +49,8 @@ def bundle(recipe: Recipe, bundle_id: str, cache=None) -> Stage:
     parents = [teacher] if spec.source == "teacher" else [trained.student(recipe, spec.source), teacher]
     if spec.calibrated_on_transfer_set:
         parents.append(trained.transfer(recipe))
-    gates = (*read_gates(spec), *(key for key in ("tie_margin",) if key in recipe.export.model_dump()))  # once set
+    unset = ONCE_SET - recipe.export.model_dump().keys()  # at their default, left out of the dump
+    gates = tuple(key for key in (*read_gates(spec), "tie_margin") if key not in unset)
     return Stage(
         f"bundle-{bundle_id}",
         recipe,
@@ -81,11 +92,13 @@ def buildable_here(spec: BundleRecipe, bundle_id: str) -> None:
 
 def read_gates(spec: BundleRecipe) -> tuple[str, ...]:
     """The `GATES` a bundle of `spec` reads, and so hashes: the opset, its precision's agreement gate, the INT8 drop
-    gate for INT8 and the calibration count where it calibrates or smooths. A gate of another precision does not
-    make it stale: the INT8 labeller is not built again, and the transfer set with it, for an fp16 gate."""
+    gate for INT8, the calibration count where it calibrates and the smoothing one where it smooths. A gate of another
+    precision, or an engine's calibration count, does not make it stale: the INT8 labeller is not built again, and
+    the transfer set with it, for an fp16 gate."""
     int8 = ("max_int8_drop",) if spec.precision == "int8" else ()
-    calibrates = ("calibration_sentences",) if spec.calibrated_on_transfer_set or spec.smooth is not None else ()
-    return ("opset", AGREEMENT_KEYS[spec.precision], *int8, *calibrates)
+    calibrates = ("calibration_sentences",) if spec.calibrated_on_transfer_set else ()
+    smooths = ("smooth_sentences",) if spec.smooth is not None else ()
+    return ("opset", AGREEMENT_KEYS[spec.precision], *int8, *calibrates, *smooths)
 
 
 def cascade(recipe: Recipe, name: str) -> Stage:
@@ -144,8 +157,9 @@ def left_out(name: str, reason: str) -> None:
 
 def of_command(recipe: Recipe, recipe_file: str, only: list[str] | None = None) -> tuple[list[str], list[str]]:
     """The bundles, then the cascades, that `python -m export bundles` builds: those of `only` (bundle and cascade
-    ids), else every one this machine can run (`bundles`, `cascades`). An id the recipe has not, or a recipe without
-    an `export` section, raises `RecipeError` naming `recipe_file`."""
+    ids; one given twice is built once, as `distill --only` runs a student once), else every one this machine can run
+    (`bundles`, `cascades`). An id the recipe has not, or a recipe without an `export` section, raises `RecipeError`
+    naming `recipe_file`."""
     if recipe.export is None:
         raise RecipeError(f"{recipe_file}: no `export` section")
     named = recipe.export.cascades
@@ -154,4 +168,4 @@ def of_command(recipe: Recipe, recipe_file: str, only: list[str] | None = None) 
         raise RecipeError(unknown)
     if not only:
         return bundles(recipe), cascades(recipe)
-    return [name for name in only if name not in named], cascades(recipe, only)
+    return [name for name in dict.fromkeys(only) if name not in named], cascades(recipe, only)

@@ -68,8 +68,8 @@ class BundleRecipe(Strict):
         gt=0,
         lt=1,
         description="dynamic INT8 of a fused Transformer: move this share (SmoothQuant's alpha) of each MatMul input's "
-        "per-channel range into its weights first, calibrated on the first export.calibration_sentences train "
-        "examples (docs/export.md); a gpt teacher's bundle is refused with it (its projections are Gemms)",
+        "per-channel range into its weights first, calibrated on the first export.smooth_sentences train examples "
+        "(docs/export.md); a gpt teacher's bundle is refused with it (its projections are Gemms)",
     )
     runtime: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
     providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"], min_length=1)
@@ -197,7 +197,7 @@ class CascadeRecipe(Strict):
 
 
 class ExportConfig(Strict):
-    hashed_when_set = frozenset({"min_int8_agreement", "tie_margin"})
+    hashed_when_set = frozenset({"min_int8_agreement", "tie_margin", "smooth_sentences"})
 
     opset: int = Field(
         17, ge=14, le=20, description="ONNX opset of the exported graphs (14-20: what torch.onnx's exporter writes)"
@@ -236,7 +236,12 @@ class ExportConfig(Strict):
         256,
         gt=0,
         description="calibration sentences: transfer-set ones for static INT8 and TensorRT INT8 (at least 8 there, "
-        "the engine's opt batch, and the transfer set needs as many texts), train ones for `smooth`",
+        "the engine's opt batch, and the transfer set needs as many texts)",
+    )
+    smooth_sentences: int = Field(
+        256,
+        gt=0,
+        description="train examples (the first ones) whose per-channel activation ranges calibrate `smooth`",
     )
 
     @property

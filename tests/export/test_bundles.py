@@ -567,6 +567,32 @@ def test_a_static_int8_bundle_stage_is_stale_when_its_calibration_count_changes(
     assert stages.bundle(recipe, "transformer-int8-static").config_hash != before
 
 
+def test_a_smoothed_bundle_stage_is_current_when_the_int8_calibration_count_changes():
+    """A smoothed labeller, and the transfer set it labelled, are not built again for an engine's calibration."""
+    before = stages.bundle(load_recipe(SMOKE), "transformer-int8").config_hash
+    recipe = load_recipe(SMOKE, parse_overrides(["--export.calibration_sentences=64"]))
+    assert stages.bundle(recipe, "transformer-int8").config_hash == before
+
+
+def test_a_smoothed_bundle_stage_is_stale_when_its_smoothing_count_changes():
+    before = stages.bundle(load_recipe(SMOKE), "transformer-int8").config_hash
+    recipe = load_recipe(SMOKE, parse_overrides(["--export.smooth_sentences=64"]))
+    assert stages.bundle(recipe, "transformer-int8").config_hash != before
+
+
+def test_a_smoothed_bundle_recorded_with_the_calibration_count_by_an_earlier_release_is_current():
+    stage = stages.bundle(load_recipe(SMOKE), "transformer-int8")
+    settings = stage.hashed["settings"] | {"export.calibration_sentences": 256}
+    older = mf.Manifest(
+        stage=stage.name,
+        recipe="smoke",
+        recipe_hash="h",
+        config_hash="0" * 16,
+        hashed=stage.hashed | {"settings": settings},
+    )
+    assert stage.built(older)
+
+
 def test_a_bundle_recorded_with_every_gate_by_an_earlier_release_is_current(smoke_bundles, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
     stage = stages.bundle(load_recipe(SMOKE), "bilstm-int8")

@@ -81,6 +81,16 @@ def test_an_unknown_bundle_given_to_only_is_answered_with_the_nearest_bundle():
         stages.of_command(load_recipe(SMOKE), "smoke", ["cnn-int9"])
 
 
+def test_a_bundle_given_to_only_twice_is_built_once():
+    bundles, _ = stages.of_command(load_recipe(SMOKE), "smoke", ["bilstm-int8", "teacher-onnx", "bilstm-int8"])
+    assert bundles == ["bilstm-int8", "teacher-onnx"]
+
+
+def test_a_cascade_given_to_only_twice_is_built_once():
+    _, cascades = stages.of_command(load_recipe(SMOKE), "smoke", ["bilstm-cascade", "bilstm-cascade"])
+    assert cascades == ["bilstm-cascade"]
+
+
 def test_an_override_of_a_section_the_bundles_do_not_read_is_refused_naming_it(capsys):
     export_main.main(["bundles", str(ROOT / "recipes" / "smoke.yaml"), "--runtime.device=cuda"])
     assert "error: --runtime.device: python -m export bundles reads no runtime setting" in capsys.readouterr().err
