@@ -210,9 +210,9 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return dict(pairs)
 
 
-def _rows(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, row) pairs of a TSV/CSV with a header, or of a JSONL file (either gzip-compressed, named `.gz`),
-    read as they are taken."""
+def _rows(path: Path) -> Iterator[tuple[int, dict, int]]:
+    """(line number, row, line naming its columns) of a TSV/CSV with a header (the header's line), or of a JSONL file
+    (the row's own), either gzip-compressed (named `.gz`), read as they are taken."""
     _require_file(path)  # a folder or a missing file is named as such, whatever its name ends with
     suffix = _format(path)
     if suffix not in LABELLED_FORMATS:
@@ -239,7 +239,7 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
                     raise DataError(
                         f"{path}:{number}: a JSON {type(row).__name__}, not an object; one JSON object per line"
                     )
-                yield number, row
+                yield number, row, number
         return
     reader = csv.DictReader(
         _text_stream(path),
@@ -255,12 +255,10 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
     try:
         # the header is the first line that is not blank: blank lines before it are skipped, as they are after it
         reader.fieldnames = header = next((cells for cells in reader.reader if not _blank(cells)), [])
+        last = named = reader.reader.line_num
         # columns without a name (a spreadsheet's empty ones, `a,b,,`) are read by no setting, however many
         if twice := sorted({name for name in header if name and header.count(name) > 1}):
-            raise DataError(
-                f"{path}:{reader.reader.line_num} (the header): column(s) {twice} named more than once; rename them"
-            )
-        last = reader.reader.line_num
+            raise DataError(f"{path}:{named} (the header): column(s) {twice} named more than once; rename them")
         for row in reader:  # the line a row ends on: blank lines are skipped, not counted
             if _blank([cell for key, value in row.items() for cell in (value if key is None else [value])]):
                 last = reader.line_num
@@ -281,7 +279,7 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
                     f"{path}:{lines_of}: {list(row.values()).count(None)} field(s) fewer than the header's "
                     f"{len(header)}; {cause} cuts the row short: fix it"
                 )
-            yield reader.line_num, row
+            yield reader.line_num, row, named
             last = reader.line_num
     except csv.Error as err:  # strict quoting's
         raise _open_quote(path, last, reader.reader.line_num, err) from None
@@ -290,11 +288,6 @@ def _rows(path: Path) -> Iterator[tuple[int, dict]]:
 def _blank(cells: list[str | None]) -> bool:
     """Whether a TSV/CSV line's cells hold spaces and tabs alone (or nothing): a blank line, skipped."""
     return not "".join(cell or "" for cell in cells).strip()
-
-
-def _header_line(path: Path) -> int:
-    """The line a TSV/CSV file's header is on: its first that is not blank."""
-    return next((number for number, line in _numbered_lines(path) if line.strip()), 1)
 
 
 def _open_quote(path: Path, last: int, found: int, err: csv.Error) -> DataError:
@@ -401,17 +394,19 @@ def _near_name(text: str, names: list[str]) -> str | None:
     return same[0] if same else next(iter(difflib.get_close_matches(text, names, n=1, cutoff=0.75)), None)
 
 
-def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: list[str], cfg: DataConfig) -> DataError:
-    """The error for a row without the recipe's columns: on the first row the recipe names the wrong ones, later the
-    row lacks what the first one holds."""
-    number, row = line
+def _missing_columns(
+    source: str, line: tuple[int, dict, int], first: int, missing: list[str], cfg: DataConfig
+) -> DataError:
+    """The error for a row (`_rows`' line) without the recipe's columns: on the first row the recipe names the wrong
+    ones, at the line naming them, later the row lacks what the first one holds."""
+    number, row, named = line
     found = f"found {list(row)}"  # in the file's order
     if number != first:
         return DataError(
             f"{source}:{number}: missing {missing} ({found}), which line {first} has; every line needs them"
         )
     delimited = _format(Path(source)) in (".tsv", ".csv")
-    where = f"{source}:{_header_line(Path(source))} (the header)" if delimited else f"{source}:{number}"
+    where = f"{source}:{named}" + (" (the header)" if delimited else "")
     settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
     separator = next((sep for sep in ",;\t|" if delimited and len(row) == 1 and sep in next(iter(row))), None)
     if separator:  # a file separated by another character than its name says reads as one column
@@ -424,14 +419,14 @@ def _missing_columns(source: str, line: tuple[int, dict], first: int, missing: l
     return DataError(f"{where}: missing column(s) {missing}; {found}{hint}. Set {settings} in the recipe")
 
 
-def _second_text(source: str, line: tuple[int, dict], cfg: DataConfig) -> DataError | None:
+def _second_text(source: str, line: tuple[int, dict, int], cfg: DataConfig) -> DataError | None:
     """The error for a file of sentence pairs read as single texts: the recipe sets no `data.text_pair_column` (null
     given on purpose reads the first text alone) and the first row has the text column's evident second, its name
     with 2 for 1 (`sentence1`, `#1 String`), b for a last a (`text_a`), or a pair task's second (`hypothesis`,
-    `text_pair`)."""
+    `text_pair`), named at the line naming the columns (`_rows`' line)."""
     if cfg.text_pair_column is not None or "text_pair_column" in cfg.model_fields_set:
         return None
-    number, row = line
+    _, row, named = line
     column = cfg.text_column
     seconds = (
         re.sub(r"(?<!\d)1(?!\d)", "2", column),
@@ -441,8 +436,7 @@ def _second_text(source: str, line: tuple[int, dict], cfg: DataConfig) -> DataEr
     second = next((name for name in seconds if name not in (None, column) and name in row), None)
     if second is None:
         return None
-    delimited = _format(Path(source)) in (".tsv", ".csv")
-    where = f"{source}:{_header_line(Path(source))} (the header)" if delimited else f"{source}:{number}"
+    where = f"{source}:{named}" + (" (the header)" if _format(Path(source)) in (".tsv", ".csv") else "")
     quoted = json.dumps(second, ensure_ascii=False)  # as YAML reads it, a name starting with # included
     return DataError(
         f"{where}: column {second!r} reads as the second text of a pair beside {column!r}, and data.text_pair_column "
@@ -514,16 +508,16 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
         feature = split.features.get(cfg.label_column)
         _check_class_names(source, feature, cfg)
         class_label = isinstance(feature, datasets.ClassLabel)
-        rows = ((i + 1, row) for i, row in enumerate(split))
+        rows = ((i + 1, row, i + 1) for i, row in enumerate(split))
     else:
         class_label, rows = False, _rows(Path(source))
     names = {unicodedata.normalize("NFC", name): index for index, name in enumerate(cfg.label_names)}
     texts, pairs, labels, first = [], [], [], None
-    for number, row in rows:  # every row: a JSONL line may lack a key that the lines before it have
+    for number, row, named in rows:  # every row: a JSONL line may lack a key that the lines before it have
         first = first or number
         if missing := [c for c in columns if c not in row]:
-            raise _missing_columns(source, (number, row), first, missing, cfg)
-        if number == first and (unread := _second_text(source, (number, row), cfg)):
+            raise _missing_columns(source, (number, row, named), first, missing, cfg)
+        if number == first and (unread := _second_text(source, (number, row, named), cfg)):
             raise unread
         for column in columns[:1] + columns[2:]:  # the texts: a JSON list or object would be read as its repr
             if not isinstance(row[column], str | None):
@@ -652,30 +646,30 @@ def unlabelled_lines(sources: list[str], max_lines: int | None = None) -> Iterat
 
 
 def line_count(sources: list[str]) -> int | None:
-    """Lines in the local text files `sources`, ended by LF, CR LF or CR alone as `unlabelled_lines` reads them (blank
-    ones too: at least as many as it gives), read in blocks; None with a Hub source. `DataError` for a file missing
-    or not gzip data, as `unlabelled_lines` gives."""
+    """Lines in the local text files `sources`, ended by LF, CR LF or CR alone as `unlabelled_lines` reads them, or by
+    the file's end (blank ones too: at least as many as it gives), read in blocks; None with a Hub source. `DataError`
+    for a file missing or not gzip data, as `unlabelled_lines` gives."""
     if any(source.startswith("hub:") for source in sources):
         return None
     count = 0
     for source in map(Path, sources):
         with _opened(source) as handle:
             try:
-                count += _line_ends(iter(lambda: handle.read(1 << 20), b""))
+                count += _lines_in(iter(lambda: handle.read(1 << 20), b""))
             except GZIP_ERRORS as err:
                 raise _cannot_decompress(str(source), err) from None
     return count
 
 
-def _line_ends(blocks: Iterator[bytes]) -> int:
-    """The line ends in `blocks` of a file: each LF, and each CR not followed by an LF (a CR LF split between two
-    blocks counted once)."""
-    count, after_cr = 0, False
+def _lines_in(blocks: Iterator[bytes]) -> int:
+    """The lines in `blocks` of a file: one for each LF, each CR not followed by an LF (a CR LF split between two
+    blocks counted once), and a last line without a line end."""
+    count, tail = 0, b""
     for block in blocks:
         lone_crs = block.count(b"\r") - block.count(b"\r\n") - block.endswith(b"\r")
-        count += block.count(b"\n") + lone_crs + (after_cr and not block.startswith(b"\n"))
-        after_cr = block.endswith(b"\r")
-    return count + after_cr
+        count += block.count(b"\n") + lone_crs + (tail == b"\r" and not block.startswith(b"\n"))
+        tail = block[-1:]
+    return count + (tail not in (b"", b"\n"))  # a last CR ends a line; any other byte, one without its end
 
 
 def load_unlabelled(sources: list[str], max_lines: int | None = None, desc: str | None = None) -> list[str]:

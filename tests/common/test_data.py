@@ -431,7 +431,7 @@ def test_unlabelled_lines_ended_by_a_carriage_return_alone_count_towards_the_lim
 def test_labelled_rows_are_read_as_they_are_taken(tmp_path):
     rows = "good\t1\n" * 10_000  # past the first blocks a reader decodes at once
     (tmp_path / "a.tsv").write_bytes(b"sentence\tlabel\n" + rows.encode() + b"caf\xe9\t1\n")
-    assert next(_rows(tmp_path / "a.tsv")) == (2, {"sentence": "good", "label": "1"})
+    assert next(_rows(tmp_path / "a.tsv")) == (2, {"sentence": "good", "label": "1"}, 1)
 
 
 def test_unlabelled_lines_decodes_only_the_lines_taken(tmp_path):
@@ -741,6 +741,11 @@ def test_a_pair_file_read_without_its_pair_column_is_named_at_its_header(tmp_pat
         read_single(tmp_path / "p.tsv", "\nsentence1\tsentence2\tlabel\ngood\tfine\t1\n")
 
 
+def test_a_pair_file_read_without_its_pair_column_is_named_at_its_header_after_rows_of_empty_cells(tmp_path):
+    with pytest.raises(DataError, match=r"p\.csv:3 \(the header\): column 'sentence2'"):
+        read_single(tmp_path / "p.csv", ',,\n"  ",,\nsentence1,sentence2,label\ngood,fine,1\n')
+
+
 def test_a_jsonl_pair_read_without_its_pair_column_is_named_at_its_first_line(tmp_path):
     with pytest.raises(DataError, match=r"p\.jsonl:1: column 'sentence2'"):
         read_single(tmp_path / "p.jsonl", '{"sentence1": "good", "sentence2": "fine", "label": 1}\n')
@@ -897,8 +902,19 @@ def test_line_count_counts_each_line_end_the_reader_takes(tmp_path, ends):
     assert line_count([str(tmp_path / "u.txt")]) == 3
 
 
+@pytest.mark.parametrize("ends", ["\n", "\r\n", "\r"], ids=["LF", "CRLF", "CR"])
+def test_line_count_counts_a_last_line_without_a_line_end(tmp_path, ends):
+    (tmp_path / "u.txt").write_bytes(ends.join(["one line", "two lines", "three"]).encode())
+    assert line_count([str(tmp_path / "u.txt")]) == 3
+
+
+def test_line_count_of_a_file_of_one_line_without_a_line_end_is_one(tmp_path):
+    (tmp_path / "u.txt").write_bytes(b"only line")
+    assert line_count([str(tmp_path / "u.txt")]) == 1
+
+
 def test_line_count_counts_a_cr_lf_split_between_two_blocks_once():
-    assert data._line_ends(iter([b"one\r", b"\ntwo\r", b"three\r"])) == 3
+    assert data._lines_in(iter([b"one\r", b"\ntwo\r", b"three\r"])) == 3
 
 
 def test_line_count_of_a_missing_file_is_a_data_error_naming_it(tmp_path):
@@ -934,6 +950,16 @@ def test_a_header_after_blank_lines_is_named_at_its_own_line(tmp_path):
     (tmp_path / "a.tsv").write_text("\n\ntext\tlabel\ngood\t1\n")
     with pytest.raises(DataError, match=r"a\.tsv:3 \(the header\): missing column\(s\) \['sentence'\]"):
         load_labelled(str(tmp_path / "a.tsv"), CFG)
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [("a.tsv", "\t\t\n \t\t\ntext\tlabel\tnotes\ngood\t1\tx\n"), ("a.csv", ',,\n"  ",,\ntext,label,notes\ngood,1,x\n')],
+)
+def test_a_header_after_rows_of_empty_cells_is_named_at_its_own_line(tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(DataError, match=rf"{re.escape(name)}:3 \(the header\): missing column\(s\) \['sentence'\]"):
+        load_labelled(str(tmp_path / name), CFG)
 
 
 @pytest.fixture
