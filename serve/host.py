@@ -210,7 +210,7 @@ class ModelRuntime:
         largest = min(settings.max_batch_size, settings.max_queued)
         self.max_batch_size = min(largest, self.backend.max_batch_size or largest)
         self.batcher = DynamicBatcher(
-            self.backend.infer,
+            self._infer_logits,
             max_batch_size=self.max_batch_size,
             max_delay=settings.max_queue_delay,
             inline_max=settings.inline_infer,
@@ -220,6 +220,11 @@ class ModelRuntime:
             batch_timeout=settings.batch_timeout_s,
             on_fault=on_fault,
         )
+
+    def _infer_logits(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The backend's logits alone, for the batcher: it stacks every output of a request's rows, and another output
+        (one per token, say) is as long as its batch's padded rows, which differ between a request's batches."""
+        return {self.output: self.backend.infer(inputs)[self.output]}
 
     @classmethod
     def load(
