@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import gc
 import importlib.util
-import ipaddress
 import logging
 import os
 import signal
@@ -35,10 +34,10 @@ from edgedistill.serve.logs import JsonFormatter
 from edgedistill.serve.malloc import limit_arenas
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.observe import CallObserver, ObservedServer, status_alone
-from edgedistill.serve.ports import reserve_port
+from edgedistill.serve.ports import reserve_port, unbindable
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2_grpc
 from edgedistill.serve.reflection import ReflectionServicer
-from edgedistill.serve.settings import GRPC_INT_MAX, NEVER_S, Settings, SettingsError, host_port
+from edgedistill.serve.settings import GRPC_INT_MAX, NEVER_S, Settings, SettingsError, host_port, loopback_host
 from edgedistill.serve.tls import server_credentials
 from edgedistill.serve.transport import ADMIN_METHODS, CLASSIFIER, KSERVE, ClassifierServicer, InferenceServicer
 from edgedistill.serve.watchdog import LoopWatchdog
@@ -64,14 +63,6 @@ KEEPALIVE_TIMEOUT_MS = 20_000  # how long a keepalive ping may go unanswered bef
 # gRPC's defaults, set here so that a change of them cannot lower the bound.
 MIN_PING_INTERVAL_MS = 300_000
 MAX_PING_STRIKES = 2
-
-
-def loopback(host: str) -> bool:
-    """Whether `host` (an address to bind, or `localhost`) reaches only this machine."""
-    try:
-        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name
-        return False
 
 
 def _ms(seconds: float) -> int:
@@ -106,9 +97,11 @@ class EdgeServer:
         host: ModelHost,
         runtime: ModelRuntime | CascadeRuntime,
         observer: CallObserver,
+        credentials: grpc.ServerCredentials | None,
     ):
         self.settings = settings
         self.grpc = server
+        self.credentials = credentials  # the gRPC port's TLS (None: plaintext)
         self.host = host
         self.observer = observer
         self.metrics: Metrics = host.metrics
@@ -125,11 +118,10 @@ class EdgeServer:
             await self.health.set(name, status)
 
     def bind(self) -> int:
-        """Add the gRPC port (TLS with the settings' certificates) and the health port; the gRPC port bound."""
-        host = self.settings.host
-        port = _bind(self.grpc, host_port(host, self.settings.port), server_credentials(self.settings))
+        """Add the gRPC port (TLS with `credentials`) and the health port; the gRPC port bound."""
+        port = _bind(self.grpc, self.settings, "port", self.credentials)
         if self.health_server is not None:
-            self.health_port = _bind(self.health_server, host_port(host, self.settings.health_port))
+            self.health_port = _bind(self.health_server, self.settings, "health_port")
         return port
 
     async def start(self) -> None:
@@ -137,7 +129,7 @@ class EdgeServer:
         await self._set_health(SERVING if self.host.ready else NOT_SERVING)
         self._fault_watch = asyncio.get_running_loop().create_task(self._watch_faults(), name="fault-watch")
         await self.grpc.start()
-        if self.settings.token is not None and self.settings.tls_cert is None and not loopback(self.settings.host):
+        if self.settings.token is not None and self.settings.tls_cert is None and not loopback_host(self.settings.host):
             log.warning(
                 "TOKEN is set but the gRPC port on %s is plaintext: the tokens cross the network as they are; set "
                 "TLS_CERT and TLS_KEY, unless a mesh or proxy encrypts the traffic",
@@ -214,12 +206,13 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     if settings.bundle is None:
         raise SettingsError("no bundle to serve: pass --bundle or set EDGEDISTILL_BUNDLE")
     # Before the bundle loads, which takes long: a port in use or a host that does not resolve, named as the
-    # supervisor names it (gRPC's bind names no reason)
-    for port in () if share_port else (settings.port, settings.health_port):
-        if port is not None:
-            reserve_port(settings.host, port).close()
+    # supervisor names it (gRPC's bind names no reason), and TLS files that cannot be used
+    for field in () if share_port else ("port", "health_port"):
+        if getattr(settings, field) is not None:
+            reserve_port(settings.host, getattr(settings, field), field).close()
     if settings.metrics_port is not None:  # a worker's is off: the supervisor serves /metrics
         check_http(settings.metrics_host, settings.metrics_port)
+    credentials = server_credentials(settings)
     metrics = Metrics(shared=share_port)
     host = ModelHost(settings, metrics, load_runtime)
     runtime = load_runtime(settings.bundle, settings, metrics, host.on_fault)
@@ -228,7 +221,7 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
-            ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+            ("grpc.max_concurrent_streams", settings.streams_per_connection),
             ("grpc.so_reuseport", int(share_port)),
             *connection_options(settings),
         ],
@@ -239,7 +232,7 @@ def create_server(settings: Settings, supervisor: SupervisorLink | None = None) 
     observer = CallObserver(
         metrics, settings.access_log, token, admin_token, ADMIN_METHODS, prechecks(settings.max_texts)
     )
-    edge = EdgeServer(settings, server, host, runtime, observer)
+    edge = EdgeServer(settings, server, host, runtime, observer, credentials)
     observed = ObservedServer(server, observer)
     classifier_pb2_grpc.add_ClassifierServicer_to_server(ClassifierServicer(host, settings, supervisor), observed)
     kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(host, settings), observed)
@@ -299,12 +292,16 @@ def probe_handler(servicer: HealthServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(HEALTH, {"Check": check})
 
 
-def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
-    """Add a listening port (TLS with `credentials`) to `server`; the port bound."""
+def _bind(
+    server: grpc.aio.Server, settings: Settings, field: str, credentials: grpc.ServerCredentials | None = None
+) -> int:
+    """Add the listening port of the port setting `field` (TLS with `credentials`) to `server`; the port bound."""
+    port = getattr(settings, field)
+    address = host_port(settings.host, port)
     try:
         return server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as err:
-        raise SettingsError(f"cannot bind {address}: {err}") from err
+        raise unbindable(field, settings.host, port, str(err)) from err
 
 
 def loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -5,12 +5,28 @@ import errno
 import socket
 from dataclasses import dataclass
 
-from edgedistill.serve.settings import SettingsError
+from edgedistill.serve.settings import SettingsError, env_name, flag_name, host_port
 
 # gRPC binds `localhost` as both loopback addresses, whatever /etc/hosts maps it to
 LOCALHOST = [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")]
 MISSING = (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL)  # an address or family this machine lacks, which gRPC passes over
 PICK_TRIES = 20  # port 0 on several addresses: a port free on the first may be taken on another
+# each port setting: what it is, and the setting of the address it binds to
+PORT_SETTINGS = {
+    "port": ("the gRPC port", "host"),
+    "health_port": ("the health port", "host"),
+    "metrics_port": ("the metrics port", "metrics_host"),
+}
+
+
+def unbindable(field: str, host: str, port: int, reason: str) -> SettingsError:
+    """The error for the port setting `field`, `port` on `host`, that cannot be bound: named with the variables and
+    flags that set both."""
+    what, host_field = PORT_SETTINGS[field]
+    return SettingsError(
+        f"cannot bind {what} {host_port(host, port)} ({env_name(host_field)} and {env_name(field)}, flags "
+        f"{flag_name(host_field)} and {flag_name(field)}): {reason}"
+    )
 
 
 def bind_addresses(host: str) -> list[tuple[socket.AddressFamily, str]]:
@@ -28,10 +44,7 @@ def bind_addresses(host: str) -> list[tuple[socket.AddressFamily, str]]:
         return [(socket.AF_INET6, "::")]
     if bare == "localhost":
         return LOCALHOST
-    try:
-        found = socket.getaddrinfo(bare, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as err:
-        raise SettingsError(f"cannot bind {host}: {err.strerror}") from err
+    found = socket.getaddrinfo(bare, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     return list(dict.fromkeys((family, sockaddr[0]) for family, _, _, _, sockaddr in found))
 
 
@@ -90,10 +103,20 @@ class Reservation:
         self.close()
 
 
-def reserve_port(host: str, port: int) -> Reservation:
+def reserve_port(host: str, port: int, field: str | None = None) -> Reservation:
     """`port` (0: a free one) held on every address of `host` that this machine has; `SettingsError` where another
-    server holds it on any of them, or where the machine has none of them."""
-    addresses = bind_addresses(host)
+    server holds it on any of them, where the machine has none of them or where `host` does not resolve, naming the
+    port setting `field` (`unbindable`) where given."""
+
+    def refused(reason: str) -> SettingsError:
+        if field is None:
+            return SettingsError(f"cannot bind {host_port(host, port)}: {reason}")
+        return unbindable(field, host, port, reason)
+
+    try:
+        addresses = bind_addresses(host)
+    except socket.gaierror as err:
+        raise refused(err.strerror) from err
     for _ in range(PICK_TRIES if port == 0 else 1):
         holders: list[socket.socket] = []
         missing: OSError | None = None
@@ -110,8 +133,8 @@ def reserve_port(host: str, port: int) -> Reservation:
                 holder.close()
             if port == 0 and holders and err.errno == errno.EADDRINUSE:
                 continue  # the port picked on the first address is taken on another: pick again
-            raise SettingsError(f"cannot bind {host}:{port}: {err.strerror or err}") from err
+            raise refused(err.strerror or str(err)) from err
         if not holders:
-            raise SettingsError(f"cannot bind {host}:{port}: {missing.strerror or missing}")
+            raise refused(missing.strerror or str(missing))
         return Reservation(holders)
-    raise SettingsError(f"cannot bind {host}:0: no port was free on all of {[a for _, a in addresses]}")
+    raise refused(f"no port was free on all of {[a for _, a in addresses]}")

@@ -123,11 +123,14 @@ class Settings(BaseModel):
         description="calls in progress at once, over all connections; more: RESOURCE_EXHAUSTED; with "
         "MAX_MESSAGE_BYTES it bounds the memory of messages being received",
     )
-    max_concurrent_streams: int = Field(
-        100,
+    max_concurrent_streams: int | None = Field(
+        None,
         ge=1,
         le=GRPC_INT_MAX,
-        description="calls in progress at once on one HTTP/2 connection; more wait in the client",
+        description="calls in progress at once on one HTTP/2 connection; a client holds back calls past it, but the "
+        "server frees a call's stream only once the client has seen the call end, so some calls on a connection kept "
+        "near the limit, or past it, are refused (UNAVAILABLE, 'RST_STREAM with error code 7'); unset: twice "
+        "MAX_CONCURRENT_RPCS, room enough for one connection to carry every call that limit allows",
     )
     stream_idle_s: float = Field(
         60.0,
@@ -178,8 +181,9 @@ class Settings(BaseModel):
         ge=0,
         le=GRPC_INT_MAX,  # mallopt takes a C int
         description="most glibc malloc arenas (M_ARENA_MAX): more keep freed memory per thread, so floods of "
-        "traffic raise the server's memory further; unset: 2 where the C library is glibc; 0: glibc's default "
-        "(8 per core); other values need glibc",
+        "traffic raise the server's memory further; unset: 2 where the C library is glibc, unless glibc's own "
+        "MALLOC_ARENA_MAX or GLIBC_TUNABLES glibc.malloc.arena_max sets the limit, which is left to them; 0: "
+        "glibc's default (8 per core); other values need glibc",
     )
     spin: bool = Field(
         False,
@@ -401,6 +405,14 @@ class Settings(BaseModel):
     def inline_infer(self) -> float:
         return self.inline_infer_ms / 1000
 
+    @property
+    def streams_per_connection(self) -> int:
+        """MAX_CONCURRENT_STREAMS, or where unset twice MAX_CONCURRENT_RPCS: room for the streams of calls that have
+        ended for their client but not yet for the server (at most a C int, as gRPC takes it)."""
+        if self.max_concurrent_streams is not None:
+            return self.max_concurrent_streams
+        return min(2 * self.max_concurrent_rpcs, GRPC_INT_MAX)
+
 
 # Channel options for a server on this machine: straight to it, never through a proxy the environment names
 # (`http_proxy`, which gRPC takes, and which Docker and podman copy into containers).
@@ -418,17 +430,16 @@ def on_loopback(address: str) -> bool:
     `unix:` sockets) names this machine's loopback alone, which no proxy can reach for it."""
     if address.startswith(("unix:", "unix-abstract:")):
         return True
-    return all(
-        _loopback_host(part.rsplit(":", 1)[0].strip("[]")) for part in _ADDRESS_SCHEME.sub("", address).split(",")
-    )
+    return all(loopback_host(part.rsplit(":", 1)[0]) for part in _ADDRESS_SCHEME.sub("", address).split(","))
 
 
-def _loopback_host(host: str) -> bool:
+def loopback_host(host: str) -> bool:
+    """Whether `host` (an address, in brackets or not, or `localhost`) reaches only this machine."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name
         return False
 
 

@@ -40,16 +40,17 @@ class CertificateFiles:
     def __init__(self, settings: Settings):
         self.chain, self.key, self.ca = settings.tls_cert, settings.tls_key, settings.tls_ca
         self._problem = ""  # the last reason a change was not taken, logged once
+        self._refused: tuple | None = None  # the stamp of files last found unusable: not read again until it changes
         try:
             self._stamp = self._stamp_now()
             self.initial = self._read()
         except (OSError, ssl.SSLError) as err:
             raise SettingsError(f"cannot use the TLS files ({TLS_FILES}): {err}") from err
 
-    def _stamp_now(self) -> tuple[tuple[int, int, int], ...]:
-        """What changes when a file is replaced or written: inode, time and size."""
+    def _stamp_now(self) -> tuple[tuple[int, int, int, int], ...]:
+        """What changes when a file is replaced, written or given other permissions: inode, times and size."""
         paths = (self.chain, self.key, *((self.ca,) if self.ca else ()))
-        return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(os.stat, paths))
+        return tuple((s.st_ino, s.st_mtime_ns, s.st_ctime_ns, s.st_size) for s in map(os.stat, paths))
 
     def _read(self) -> grpc.ServerCertificateConfiguration:
         """The files' contents; `ssl.SSLError` where the key is not the chain's, or encrypted, or the CA file holds no
@@ -61,13 +62,16 @@ class CertificateFiles:
         )
 
     def fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        """The files' new contents where they changed since last taken, else None (gRPC keeps what it has)."""
+        """The files' new contents where they changed since last taken, else None (gRPC keeps what it has). Files
+        found unusable are read again only once they change again: gRPC asks before every handshake."""
+        stamp = None
         try:
             stamp = self._stamp_now()
-            if stamp == self._stamp:
+            if stamp in (self._stamp, self._refused):
                 return None
             config = self._read()
         except (OSError, ssl.SSLError) as err:
+            self._refused = stamp
             if str(err) != self._problem:
                 self._problem = str(err)
                 log.warning(
@@ -76,7 +80,7 @@ class CertificateFiles:
                     extra={"event": "tls_reload_failed"},
                 )
             return None
-        self._stamp, self._problem = stamp, ""
+        self._stamp, self._refused, self._problem = stamp, None, ""
         log.info("the TLS files changed: new connections use them", extra={"event": "tls_reloaded"})
         return config
 

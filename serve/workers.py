@@ -31,6 +31,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -149,7 +150,11 @@ class MetricsFolder:
     def __init__(self):
         root = Path(tempfile.gettempdir())
         for folder in root.glob(f"{METRICS_PREFIX}*"):
-            if folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid():
+            try:
+                found = folder.lstat()  # a link is no folder of ours
+            except FileNotFoundError:  # removed meanwhile, by the supervisor that held it
+                continue
+            if stat.S_ISDIR(found.st_mode) and found.st_uid == os.getuid():
                 _remove_unheld(folder)
         while True:
             self.path = Path(tempfile.mkdtemp(prefix=METRICS_PREFIX))
@@ -194,8 +199,7 @@ def _remove_unheld(folder: Path) -> None:
 class SupervisorLink:
     """A worker's tie to its supervisor: it dies with it, and reports on a pipe when it serves."""
 
-    def __init__(self, supervisor: int, fd: int):
-        self.supervisor = supervisor
+    def __init__(self, fd: int):
         self.pipe = os.fdopen(fd, "w", buffering=1)
 
     @classmethod
@@ -207,7 +211,7 @@ class SupervisorLink:
             return None
         try:
             supervisor, fd = (int(part) for part in value.split(":"))
-            link = cls(supervisor, fd)
+            link = cls(fd)
         except (ValueError, OSError) as err:
             reason = f" ({err.strerror})" if isinstance(err, OSError) else ""
             raise SettingsError(
@@ -270,9 +274,9 @@ class Supervisor:
         refuse_missing_packages(models.onnx_runtime)
         # each worker's intra-op threads, as it works them out; none where every model is a TensorRT engine
         self.threads = intra_op_threads(settings.threads, count) if models.onnx_runtime else None
-        self.ports = [reserve_port(settings.host, settings.port)]
+        self.ports = [reserve_port(settings.host, settings.port, "port")]
         if settings.health_port is not None:
-            self.ports.append(reserve_port(settings.host, settings.health_port))
+            self.ports.append(reserve_port(settings.host, settings.health_port, "health_port"))
         self.port = self.ports[0].port
         self.metrics_folder = MetricsFolder()
         self.metric_files = WorkerFiles(self.metrics_folder.path)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -38,6 +39,33 @@ def test_a_batch_size_past_the_queue_is_warmed_up_and_served_at_the_queues_size(
         request = classifier_pb2.ClassifyRequest(texts=["a good film"])
         reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=30)
     assert len(reply.predictions) == 1
+
+
+CALLS_EACH = 20  # calls in a row per caller: each new one opens a stream as the previous ends
+
+
+def test_one_connection_carrying_every_call_the_server_allows_has_none_refused(start_server, bundle):
+    settings = settings_for(bundle)
+    server = start_server(settings)
+    request = classifier_pb2.ClassifyRequest(texts=["a good film"])
+    # no retries: a refused stream would be tried again unseen
+    with grpc.insecure_channel(server.address, options=[("grpc.enable_retries", 0)]) as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+
+        def caller() -> list[grpc.StatusCode]:
+            codes = []
+            for _ in range(CALLS_EACH):
+                try:
+                    stub.Classify(request, timeout=60)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as err:
+                    codes.append(err.code())
+            return codes
+
+        with ThreadPoolExecutor(settings.max_concurrent_rpcs) as callers:
+            calls = [callers.submit(caller) for _ in range(settings.max_concurrent_rpcs)]
+            codes = [code for call in calls for code in call.result()]
+    assert set(codes) == {grpc.StatusCode.OK}
 
 
 # `python -m edgedistill.serve` whose warm-up takes 5 s, saying `warming_up` as it begins

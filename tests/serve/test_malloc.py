@@ -1,5 +1,6 @@
 """The glibc arena limit: counted in glibc's own malloc_info report, after threads that allocate."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from edgedistill.serve.malloc import limit_arenas
 ARENAS_AFTER_THREADS = """
 import ctypes, ctypes.util, os, sys, tempfile, threading
 from edgedistill.serve.malloc import limit_arenas
-limit_arenas(int(sys.argv[1]))
+limit_arenas(None if sys.argv[1] == "None" else int(sys.argv[1]))
 start = threading.Barrier(8)
 def churn():
     start.wait()
@@ -33,9 +34,12 @@ os.unlink(path)
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
 
-def arenas_after_threads(limit: int) -> int:
-    """The arenas glibc's malloc holds after 8 threads allocated at once, with `limit_arenas(limit)` first."""
-    done = subprocess.run([sys.executable, "-c", ARENAS_AFTER_THREADS, str(limit)], capture_output=True, text=True)
+def arenas_after_threads(limit: int | None, environ: dict[str, str] | None = None) -> int:
+    """The arenas glibc's malloc holds after 8 threads allocated at once, with `limit_arenas(limit)` first, in a
+    process with `environ` added to this one's."""
+    env = os.environ | (environ or {})
+    command = [sys.executable, "-c", ARENAS_AFTER_THREADS, str(limit)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     return int(done.stdout)
 
@@ -65,3 +69,13 @@ def test_a_limit_is_refused_where_the_c_library_is_not_glibc(monkeypatch):
     monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
     with pytest.raises(OSError, match="MALLOC_ARENAS=2 needs glibc"):
         limit_arenas(2)
+
+
+@glibc_only
+@pytest.mark.parametrize(
+    "glibc_setting",
+    [{"MALLOC_ARENA_MAX": "8"}, {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=8"}],
+    ids=["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"],
+)
+def test_without_a_setting_glibcs_own_limit_is_left_as_set(glibc_setting):
+    assert arenas_after_threads(None, glibc_setting) > 2

@@ -1,10 +1,17 @@
+import asyncio
 import errno
 import socket
 
+import grpc
 import pytest
+from edgedistill.common.cascade import ServedModels
 from edgedistill.serve import ports
+from edgedistill.serve.app import _bind, create_server
 from edgedistill.serve.ports import reserve_port
 from edgedistill.serve.settings import SettingsError
+from edgedistill.serve.workers import Supervisor
+
+from tests.serve.conftest import settings_for
 
 
 def has_ipv6_loopback() -> bool:
@@ -119,3 +126,48 @@ def test_a_socket_on_every_ipv6_address_takes_ipv4_too_whatever_the_machine_s_de
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as net.ipv6.bindv6only=1 leaves it
         ports.dual_stack(sock, "::")
         assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+
+
+@pytest.fixture
+def taken_port():
+    """A loopback port another server listens on."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+NAMED = {
+    "port": "EDGEDISTILL_HOST and EDGEDISTILL_PORT, flags --host and --port",
+    "health_port": "EDGEDISTILL_HOST and EDGEDISTILL_HEALTH_PORT, flags --host and --health-port",
+}
+
+
+@pytest.mark.parametrize("field", NAMED)
+def test_a_taken_port_is_refused_at_start_naming_its_settings(bundle, taken_port, field):
+    async def create():
+        return create_server(settings_for(bundle, **{field: taken_port}))
+
+    with pytest.raises(SettingsError, match=NAMED[field]):
+        asyncio.run(create())
+
+
+@pytest.mark.parametrize("field", NAMED)
+def test_a_taken_port_is_refused_to_a_supervisor_naming_its_settings(bundle, taken_port, field):
+    settings = settings_for(bundle, **{field: taken_port})
+    with pytest.raises(SettingsError, match=NAMED[field]):
+        Supervisor(settings, [], 2, ServedModels.read(bundle))
+
+
+@pytest.mark.parametrize("field", NAMED)
+def test_a_port_grpc_cannot_bind_is_refused_naming_its_settings(bundle, taken_port, field):
+    async def bind():
+        return _bind(grpc.aio.server(), settings_for(bundle, **{field: taken_port}), field)
+
+    with pytest.raises(SettingsError, match=NAMED[field]):
+        asyncio.run(bind())
+
+
+def test_a_host_that_does_not_resolve_is_refused_naming_its_settings():
+    with pytest.raises(SettingsError, match=NAMED["port"]):
+        reserve_port("nowhere.invalid", 0, "port")

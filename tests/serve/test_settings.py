@@ -15,6 +15,7 @@ from edgedistill.serve.settings import (
     build_parser,
     env_name,
     load_settings,
+    loopback_host,
     on_loopback,
     refuse_unused,
 )
@@ -460,3 +461,23 @@ def test_an_address_on_this_machines_loopback_is_called_straight(address):
 )
 def test_an_address_off_the_loopback_keeps_the_environments_proxy(address):
     assert not on_loopback(address)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [("::1", True), ("[::1]", True), ("localhost", True), ("[::]", False)])
+def test_a_host_to_bind_is_told_on_the_loopback_written_with_brackets_or_not(host, loopback):
+    assert loopback_host(host) is loopback
+
+
+def test_the_streams_of_one_connection_default_to_twice_the_calls_in_progress():
+    settings = load_settings([], {"EDGEDISTILL_MAX_CONCURRENT_RPCS": "300"})
+    assert settings.streams_per_connection == 600
+
+
+def test_the_streams_of_one_connection_set_are_as_set():
+    settings = load_settings(["--max-concurrent-streams", "40"], {"EDGEDISTILL_MAX_CONCURRENT_RPCS": "300"})
+    assert settings.streams_per_connection == 40
+
+
+def test_the_default_streams_of_one_connection_stay_within_what_grpc_takes():
+    settings = load_settings([], {"EDGEDISTILL_MAX_CONCURRENT_RPCS": str(GRPC_INT_MAX)})
+    assert settings.streams_per_connection == GRPC_INT_MAX

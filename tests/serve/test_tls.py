@@ -4,13 +4,15 @@ chain without its key yet leaves the old pair serving; a client certificate's na
 import logging
 import shutil
 import signal
+import time
 
 import grpc
 import pytest
+from edgedistill.serve import tls
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import SettingsError
-from edgedistill.serve.tls import check_pem, server_credentials
+from edgedistill.serve.tls import CertificateFiles, check_pem, server_credentials
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.serve.conftest import run_openssl, settings_for
@@ -178,3 +180,69 @@ def test_a_failed_handshake_is_logged_by_the_server_in_json_lines_alone(spawn, b
     server.proc.send_signal(signal.SIGTERM)
     server.wait(60)
     assert [line["msg"] for line in server.lines if line.get("event") == "unstructured"] == []
+
+
+@pytest.fixture
+def started_without_its_certificate(spawn, bundle, certs, tmp_path):
+    """A server process started with a TLS_CERT that does not exist, once it exited."""
+    server = spawn(
+        bundle, EDGEDISTILL_TLS_CERT=str(tmp_path / "missing.pem"), EDGEDISTILL_TLS_KEY=str(certs / "server.key")
+    )
+    server.wait(60)
+    return server
+
+
+def test_a_missing_certificate_stops_the_start_with_status_2(started_without_its_certificate):
+    assert started_without_its_certificate.proc.returncode == 2
+
+
+def test_a_missing_certificate_stops_the_start_before_the_model_loads(started_without_its_certificate):
+    events = [line.get("event") for line in started_without_its_certificate.lines]
+    assert "backend_ready" not in events
+
+
+@pytest.fixture
+def served_files(bundle, certs, tmp_path):
+    """The `CertificateFiles` of copies in `tmp_path` of the server's certificate and key, to be replaced."""
+    for suffix in ("pem", "key"):
+        shutil.copy(certs / f"server.{suffix}", tmp_path / f"served.{suffix}")
+    return CertificateFiles(settings_for(bundle, tls_cert=tmp_path / "served.pem", tls_key=tmp_path / "served.key"))
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list:
+    """The TLS files' checks from now on, one entry each: a check reads and parses them."""
+    made = []
+    real = tls.check_pem
+
+    def check_pem(*files):
+        made.append(files)
+        return real(*files)
+
+    monkeypatch.setattr(tls, "check_pem", check_pem)
+    return made
+
+
+def test_a_rotation_that_cannot_be_used_is_read_once_however_many_handshakes_ask(served_files, reads, certs, tmp_path):
+    rotate(certs, tmp_path, "pem")
+    for _ in range(100):
+        served_files.fetch()
+    assert len(reads) == 1
+
+
+def test_a_rotation_that_could_not_be_used_is_taken_once_its_key_follows(served_files, certs, tmp_path):
+    rotate(certs, tmp_path, "pem")
+    served_files.fetch()
+    rotate(certs, tmp_path, "key")
+    assert served_files.fetch() is not None
+
+
+def test_a_rotation_that_could_not_be_used_is_read_again_once_its_permissions_change(
+    served_files, reads, certs, tmp_path
+):
+    rotate(certs, tmp_path, "pem")
+    served_files.fetch()
+    time.sleep(0.05)  # a file's change time moves in the kernel's clock ticks, a few ms each
+    (tmp_path / "served.key").chmod(0o600)
+    served_files.fetch()
+    assert len(reads) == 2

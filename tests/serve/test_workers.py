@@ -610,7 +610,10 @@ def test_a_port_held_by_another_process_is_refused_not_shared(on_a_held_port):
 
 def test_a_port_held_by_another_process_is_refused_naming_why(on_a_held_port):
     server, port = on_a_held_port
-    assert server.wait_for("start_failed")["msg"].endswith(f"cannot bind 127.0.0.1:{port}: Address already in use")
+    named = "(EDGEDISTILL_HOST and EDGEDISTILL_PORT, flags --host and --port)"
+    assert server.wait_for("start_failed")["msg"].endswith(
+        f"cannot bind the gRPC port 127.0.0.1:{port} {named}: Address already in use"
+    )
 
 
 def test_one_server_process_refuses_a_port_in_use_before_it_loads_its_bundle(spawn, tmp_path):
@@ -847,6 +850,26 @@ def test_a_killed_supervisors_metrics_folder_is_removed_by_the_next_start(temp_r
     left.mkdir()
     workers.MetricsFolder().remove()
     assert not left.exists()
+
+
+def test_a_metrics_folder_removed_by_its_supervisor_as_a_start_looks_at_it_is_passed_over(temp_root, monkeypatch):
+    stopping = temp_root / "edgedistill-metrics-abc"
+    stopping.mkdir()
+
+    class VanishingPath(type(temp_root)):
+        """A path whose folder `stopping` its supervisor removes right after a start first looks at it."""
+
+        def stat(self, *, follow_symlinks=True):
+            found = super().stat(follow_symlinks=follow_symlinks)
+            if self == stopping and os.path.isdir(self):
+                os.rmdir(self)
+            return found
+
+    monkeypatch.setattr(workers, "Path", VanishingPath)
+    folder = workers.MetricsFolder()
+    made = folder.path.is_dir()
+    folder.remove()
+    assert made
 
 
 def test_a_metrics_folder_a_live_supervisor_locks_is_kept_whatever_its_pid(temp_root):
