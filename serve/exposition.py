@@ -12,8 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from edgedistill.common.atomic import atomic_write
-from edgedistill.serve.ports import reserve_port
-from edgedistill.serve.settings import SettingsError, env_name
+from edgedistill.serve.ports import reserve_port, unbindable
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
@@ -69,7 +68,7 @@ def serve_http(registry: CollectorRegistry, host: str, port: int):
                 raise
             server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)  # no IPv6 here
     except OSError as err:
-        raise unbindable(host, port, err.strerror or str(err)) from err
+        raise unbindable("metrics_port", host, port, err.strerror or str(err)) from err
     # Set on the running server (prometheus-client takes no handler): only a connection accepted meanwhile, within
     # moments of the port opening, goes untimed.
     server.RequestHandlerClass = _timed(server.RequestHandlerClass)
@@ -79,17 +78,7 @@ def serve_http(registry: CollectorRegistry, host: str, port: int):
 def check_http(host: str, port: int) -> None:
     """`SettingsError`, as `serve_http` raises it, where `host:port` cannot be bound now (a port in use, a host that
     does not resolve): checked before a model loads, which takes long and is lost when the port then fails."""
-    try:
-        reserve_port(host, port).close()
-    except SettingsError as err:
-        raise unbindable(host, port, getattr(err.__cause__, "strerror", None) or str(err)) from err
-
-
-def unbindable(host: str, port: int, reason: str) -> SettingsError:
-    """The error for a metrics port that cannot be bound, naming its settings."""
-    return SettingsError(
-        f"cannot bind the metrics port {host}:{port} ({env_name('metrics_host')}, {env_name('metrics_port')}): {reason}"
-    )
+    reserve_port(host, port, "metrics_port").close()
 
 
 def stop_http(server) -> None:

@@ -22,6 +22,7 @@ from edgedistill.serve.exposition import (
     workers_registry,
 )
 from edgedistill.serve.metrics import Metrics
+from edgedistill.serve.settings import SettingsError
 from prometheus_client import CollectorRegistry, generate_latest, values
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -104,6 +105,18 @@ def test_the_metrics_port_answers_a_request_sent_whole(monkeypatch):
             assert reply.status == 200
     finally:
         stop_http(server)
+
+
+@pytest.mark.parametrize("bind", [exposition.check_http, lambda host, port: serve_http(Metrics().registry, host, port)])
+def test_a_taken_metrics_port_is_refused_naming_its_variables_and_flags(bind):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        with pytest.raises(SettingsError) as caught:
+            bind("127.0.0.1", other.getsockname()[1])
+    assert "(EDGEDISTILL_METRICS_HOST and EDGEDISTILL_METRICS_PORT, flags --metrics-host and --metrics-port)" in str(
+        caught.value
+    )
 
 
 WORKER_PIDS = (101, 102, 103)
