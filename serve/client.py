@@ -9,11 +9,12 @@ TLS; `wait_ready` waits for a server to serve. `edgedistill call` (`serve.call`)
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import grpc
 import numpy as np
+from edgedistill.common.bundle import text_inputs
 from edgedistill.serve import tensors
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 from edgedistill.serve.settings import (
@@ -246,11 +247,13 @@ class Client:
                 "MAX_MESSAGE_BYTES): not sent; send fewer texts in a call, or shorter ones"
             )
 
-    def classify(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
+    def classify(self, texts: Iterable[str], pairs: Iterable[str] | None = None, model: str = "") -> dict:
         """Classify through `Classifier/Classify`; `NotSent` for a request over the server's largest message, and the
-        errors of `_checked` for texts and pairs given otherwise than as lists of one length."""
-        _checked(texts, pairs)
-        request = classifier_pb2.ClassifyRequest(texts=texts, text_pairs=pairs or [], model_name=model)
+        errors of `_checked` for a string given as the texts or pairs, or pairs other in number than the texts."""
+        texts, pairs = _checked(texts, pairs)
+        request = classifier_pb2.ClassifyRequest(
+            texts=texts, text_pairs=[] if pairs is None else pairs, model_name=model
+        )
         reply = self._send(self.stub.Classify, request, model)
         labels = self.answered_labels(reply.model_name, reply.model_version)
         predictions = [
@@ -283,17 +286,17 @@ class Client:
         self._message_limits[kserve] = message_bytes or None
         return texts or None, message_bytes or None
 
-    def kserve_infer(self, texts: list[str], pairs: list[str] | None = None, model: str = "") -> dict:
+    def kserve_infer(self, texts: Iterable[str], pairs: Iterable[str] | None = None, model: str = "") -> dict:
         """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`). No
         output is named, so all come back: a cascade's `answered_by` and `escalation_refused` too. `NotSent` for a
-        request over the server's largest message."""
+        request over the server's largest message, and the errors of `_checked`, as `classify`."""
         # imported here: its `inference.*` messages clash with tritonclient's in one process
         from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
 
-        _checked(texts, pairs)
+        texts, pairs = _checked(texts, pairs)
         stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         request = kserve_pb2.ModelInferRequest(model_name=model)
-        for name, values in (("text", texts), ("text_pair", pairs)):
+        for name, values in zip(text_inputs(pairs=True), (texts, pairs), strict=True):
             if values is not None:
                 request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
                 request.raw_input_contents.append(tensors.serialize_bytes([v.encode("utf-8") for v in values]))
@@ -341,14 +344,17 @@ class Client:
         return {"model": _info(reply.model), "previous": _info(reply.previous)}
 
 
-def _checked(texts: list[str], pairs: list[str] | None) -> None:
-    """`TypeError` for a string given for `texts` or `pairs` (which would be sent as its characters, one text each),
-    `ValueError` for pairs other in number than the texts: before anything is sent."""
+def _checked(texts: Iterable[str], pairs: Iterable[str] | None) -> tuple[list[str], list[str] | None]:
+    """`texts` and `pairs` as lists (a generator or an array read once, None kept), before anything is sent:
+    `TypeError` for a string given for either (which would be sent as its characters, one text each), `ValueError` for
+    pairs other in number than the texts."""
     for name, values in (("texts", texts), ("pairs", pairs)):
         if isinstance(values, str | bytes):
             raise TypeError(f"{name} is a {type(values).__name__}: give a list of texts ([{values!r}] for one)")
+    texts, pairs = list(texts), None if pairs is None else list(pairs)
     if pairs is not None and len(pairs) != len(texts):
         raise ValueError(f"{len(pairs)} pairs for {len(texts)} texts: give one pair for each text, or pairs=None")
+    return texts, pairs
 
 
 def _given(texts: list[str], pairs: list[str] | None) -> list[dict]:

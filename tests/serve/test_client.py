@@ -1,11 +1,12 @@
 """The client library's wait for a server: ready once its health service says SERVING, not while it warms up, not
-once it is gone, and not past its seconds; the serving page's example of the library."""
+once it is gone, and not past its seconds; the serving page's example of the library; the texts it takes."""
 
 import contextlib
 import io
 import re
 import time
 
+import numpy as np
 import pytest
 from edgedistill.bench.ports import free_port
 from edgedistill.serve.client import Client, wait_ready
@@ -101,3 +102,23 @@ def test_a_string_for_the_texts_is_refused_not_sent_as_its_characters(method):
 def test_pairs_other_in_number_than_the_texts_are_refused_before_sending(method):
     with Client("localhost:1") as client, pytest.raises(ValueError, match="0 pairs for 2 texts"):
         getattr(client, method)(["a", "b"], pairs=[])
+
+
+@pytest.mark.parametrize("method", ["classify", "kserve_infer"])
+def test_pairs_other_in_number_than_texts_from_a_generator_are_refused_before_sending(method):
+    with Client("localhost:1") as client, pytest.raises(ValueError, match="1 pairs for 2 texts"):
+        getattr(client, method)((text for text in ["a", "b"]), pairs=["c"])
+
+
+@pytest.mark.parametrize("method", ["classify", "kserve_infer"])
+def test_texts_from_a_generator_are_classified(served, method):
+    with Client(served.address) as client:
+        predictions = getattr(client, method)(text for text in ["a great film", "a dull film"])["predictions"]
+    assert [p["text"] for p in predictions] == ["a great film", "a dull film"]
+
+
+@pytest.mark.parametrize("method", ["classify", "kserve_infer"])
+def test_pairs_in_an_array_are_classified(served_pairs, method):
+    with Client(served_pairs.address) as client:
+        predictions = getattr(client, method)(["a film", "a film"], pairs=np.array(["great", "awful"]))["predictions"]
+    assert [p["label"] for p in predictions] == ["positive", "negative"]  # the pair decides the label
