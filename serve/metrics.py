@@ -20,7 +20,9 @@ LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     30.0, 60.0,
 )  # fmt: skip
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# Rows per backend call: powers of two from 1 to 65536, well past the default MAX_QUEUED (1024), which bounds a batch
+# (MAX_BATCH_SIZE), so that a server set for large batches reads their sizes apart rather than all in +Inf.
+BATCH_BUCKETS = tuple(1 << power for power in range(17))
 # Calls the client ended: it cancelled, or its deadline passed (or it sent nothing for STREAM_IDLE_S). Counted apart
 # from the errors: a client that gives up is no server error (a rise with the queue wait still means a slow server).
 ABANDONED = (grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -8,7 +8,6 @@ method is registered as one whose request streams, so that the token is checked 
 
 import asyncio
 import hmac
-import inspect
 import logging
 import os
 import time
@@ -24,10 +23,11 @@ from google.protobuf.message import DecodeError
 log = logging.getLogger("serve.access")
 
 REQUEST_ID_KEY = "x-request-id"
-MAX_REQUEST_ID = 128
+MAX_REQUEST_ID = 128  # characters of a client's request id; a longer one is replaced by a new one
 # The status message travels percent-encoded in a trailer, and clients drop trailers over 8-16 KiB with a
 # misleading RESOURCE_EXHAUSTED; messages echo client strings (model, input and service names), so they are capped.
 MAX_DETAILS_BYTES = 1024
+CUT_MARK = " ... (message truncated) ... "  # ASCII: its characters are its bytes
 # A new request id: 16 random bytes in hex, the 32 characters of `uuid.uuid4().hex` (with 128 random bits to its 122)
 # for a quarter of its time, since building a UUID object per call costs more than the random bytes.
 NEW_ID_BYTES = 16
@@ -84,9 +84,12 @@ def _status_code(context: grpc.aio.ServicerContext, err: BaseException | None, c
 
 
 def _returnable(request_id: str) -> str:
-    """The client's request id if trailing metadata can return it: printable ASCII. gRPC receives other bytes
-    (a tab, UTF-8) from clients that do not check, but refuses to send them, which would lose the reply."""
-    return request_id if request_id.isascii() and request_id.isprintable() else ""
+    """The client's request id if the call can carry it whole, else "": printable ASCII of at most MAX_REQUEST_ID
+    characters. gRPC receives other bytes (a tab, UTF-8) from clients that do not check, but refuses to send them,
+    which would lose the reply; a longer id would be another, cut, in the trailer and the log."""
+    if len(request_id) <= MAX_REQUEST_ID and request_id.isascii() and request_id.isprintable():
+        return request_id
+    return ""
 
 
 def caller(context: grpc.aio.ServicerContext) -> str:
@@ -140,13 +143,14 @@ _CLIENTS_FAULT: ContextVar[bool] = ContextVar("clients_fault", default=False)
 
 
 def bounded(details: str) -> str:
-    """`details` within MAX_DETAILS_BYTES of UTF-8: its start and its end (which says why)."""
+    """`details` within MAX_DETAILS_BYTES of UTF-8: its start and its end (which says why), with CUT_MARK between."""
     encoded = details.encode(errors="backslashreplace")
     if len(encoded) <= MAX_DETAILS_BYTES:
         return details
-    half = MAX_DETAILS_BYTES // 2
+    half = (MAX_DETAILS_BYTES - len(CUT_MARK)) // 2
+    # a character cut at either edge is dropped whole
     head, tail = encoded[:half].decode(errors="ignore"), encoded[-half:].decode(errors="ignore")
-    return f"{head} ... (message truncated) ... {tail}"
+    return f"{head}{CUT_MARK}{tail}"
 
 
 def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str, clients_fault: bool = False) -> None:
@@ -193,14 +197,15 @@ def _bearer(authorization: str) -> bytes:
 
 
 class CallObserver:
-    """Gives each call a request id (the client's `x-request-id`, else a KServe request's `id`, if printable ASCII;
-    else a new one) returned in trailing metadata and attached to its log lines; with `token`, requires
-    `authorization: Bearer <token>` (health checks exempt, so probes work), and with `admin_token` that one instead
-    for `admin_methods`; records status and latency in `metrics`; logs failed calls (once a second per method and
-    code, unless `access_log`; the server's own errors, `LOGGED_AS_ERRORS`, every time), and successful ones too with
-    `access_log`. `prechecks` maps a unary method to a look at its request's bytes before they are parsed. Calls
-    still running when the shutdown's grace runs out (`grace_ends`) are recorded as the server's UNAVAILABLE, not as
-    calls their clients cancelled; those whose request had not arrived then, as their clients' UNAVAILABLE."""
+    """Gives each call a request id (the client's `x-request-id`, else a KServe request's `id`, if printable ASCII of
+    at most MAX_REQUEST_ID characters; else a new one) returned in trailing metadata and attached to its log lines;
+    with `token`, requires `authorization: Bearer <token>` (health checks exempt, so probes work), and with
+    `admin_token` that one instead for `admin_methods`; records status and latency in `metrics`; logs failed calls
+    (once a second per method and code, unless `access_log`; the server's own errors, `LOGGED_AS_ERRORS`, every
+    time), and successful ones too with `access_log`. `prechecks` maps a unary method to a look at its request's bytes
+    before they are parsed. Calls still running when the shutdown's grace runs out (`grace_ends`) are recorded as the
+    server's UNAVAILABLE, not as calls their clients cancelled; those whose request had not arrived then, as their
+    clients' UNAVAILABLE."""
 
     def __init__(
         self,
@@ -283,8 +288,8 @@ class CallObserver:
         """The call's request id and its context tokens (request id, model); and whether the call is refused (auth:
         `denied`, or a `Refused` request), its status then set."""
         request_id = (
-            _returnable(metadata.get(REQUEST_ID_KEY, "")[:MAX_REQUEST_ID])
-            or _returnable(getattr(request, "id", "")[:MAX_REQUEST_ID])  # KServe's: a Triton client's request_id
+            _returnable(metadata.get(REQUEST_ID_KEY, ""))
+            or _returnable(getattr(request, "id", ""))  # KServe's: a Triton client's request_id
             or os.urandom(NEW_ID_BYTES).hex()
         )
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
@@ -350,36 +355,8 @@ class CallObserver:
         )
 
     def _observed(self, behavior, method: str, read: bool = False):
-        """`behavior` observed; with `read`, a unary-unary one registered as one whose request streams (`wrap`)."""
-        if inspect.isasyncgenfunction(behavior):
-            # Written here rather than yielded: a call that ends while gRPC sends a yielded reply leaves a generator
-            # at its `yield`, which asyncio closes later in a task of its own, where the request id cannot be reset
-            # and the call has already gone. Here the end, a cancellation included, reaches this coroutine's task.
-
-            async def stream(request, context):
-                started = time.perf_counter()
-                metadata = _metadata(context)
-                request_id, token, refused = self._begin(request, context, metadata, self._denied(method, metadata))
-                replies = None if refused else behavior(request, context)
-                err = None
-                try:
-                    if replies is not None:
-                        async for response in replies:
-                            try:
-                                await context.write(response)
-                            except grpc.aio.BaseError:  # the call ended meanwhile: the client cancelled or went away
-                                context.set_code(grpc.StatusCode.CANCELLED)
-                                break
-                except BaseException as caught:
-                    err = caught
-                    raise
-                finally:
-                    if replies is not None:
-                        await replies.aclose()  # a reply not written yet leaves it at its `yield`
-                    self._end(context, method, request_id, started, token, err)
-                    err = None  # the exception's traceback holds this frame: no cycle to keep the request alive
-
-            return stream
+        """`behavior`, a coroutine function (a streaming one writes its replies), observed; with `read`, a unary-unary
+        one registered as one whose request streams (`wrap`)."""
 
         async def call(request, context):
             metadata = _metadata(context)

@@ -29,7 +29,7 @@ class ClassifierStub(object):
     """Sentence (or sentence-pair) classification with the served bundle. With the server's TOKEN set, every call
     needs the metadata `authorization: Bearer <TOKEN>` (Reload needs ADMIN_TOKEN instead, and is refused on a
     server without one). A call the server answers carries its request id in the trailer `x-request-id`: the
-    client's own `x-request-id` when it sent one of printable ASCII, else a new one.
+    client's own `x-request-id` when it sent one of printable ASCII of at most 128 characters, else a new one.
     """
 
     def __init__(self, channel):
@@ -64,7 +64,7 @@ class ClassifierServicer(object):
     """Sentence (or sentence-pair) classification with the served bundle. With the server's TOKEN set, every call
     needs the metadata `authorization: Bearer <TOKEN>` (Reload needs ADMIN_TOKEN instead, and is refused on a
     server without one). A call the server answers carries its request id in the trailer `x-request-id`: the
-    client's own `x-request-id` when it sent one of printable ASCII, else a new one.
+    client's own `x-request-id` when it sent one of printable ASCII of at most 128 characters, else a new one.
     """
 
     def Classify(self, request, context):
@@ -133,7 +133,7 @@ class Classifier(object):
     """Sentence (or sentence-pair) classification with the served bundle. With the server's TOKEN set, every call
     needs the metadata `authorization: Bearer <TOKEN>` (Reload needs ADMIN_TOKEN instead, and is refused on a
     server without one). A call the server answers carries its request id in the trailer `x-request-id`: the
-    client's own `x-request-id` when it sent one of printable ASCII, else a new one.
+    client's own `x-request-id` when it sent one of printable ASCII of at most 128 characters, else a new one.
     """
 
     @staticmethod

@@ -4,7 +4,7 @@ import grpc
 import pytest
 from edgedistill.common.recipe import load_recipe
 from edgedistill.serve.batching import DropReason
-from edgedistill.serve.metrics import LATENCY_BUCKETS, Metrics
+from edgedistill.serve.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, Metrics
 from edgedistill.serve.settings import Settings
 from prometheus_client import generate_latest
 
@@ -26,6 +26,11 @@ def test_latency_buckets_tell_apart_edge_latencies_and_have_an_edge_at_the_defau
 def test_latency_buckets_reach_the_default_batch_timeout():
     # a call a slow backend holds up to its time limit lands in a finite bucket, not +Inf
     assert max(LATENCY_BUCKETS) >= Settings.model_fields["batch_timeout_s"].default
+
+
+def test_batch_buckets_reach_the_default_max_queued():
+    # MAX_QUEUED bounds a batch (MAX_BATCH_SIZE): the largest batch a default server can run lands in a finite bucket
+    assert max(BATCH_BUCKETS) >= Settings.model_fields["max_queued"].default
 
 
 def test_every_drop_reason_is_exposed_at_zero_before_any_drop():

@@ -5,6 +5,7 @@ import functools
 import io
 import json
 import logging
+import re
 import time
 
 import grpc
@@ -17,6 +18,9 @@ from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_
 from tests.serve.conftest import GATED, RunningServer, settings_for
 
 CLASSIFY = "/edgedistill.v1.Classifier/Classify"
+KSERVE_INFER = "/inference.GRPCInferenceService/ModelInfer"
+NEW_ID = re.compile(r"[0-9a-f]{32}")  # a request id the server made
+OVER_LONG_ID = "r" * (observe.MAX_REQUEST_ID + 1)
 
 
 @pytest.fixture
@@ -96,15 +100,21 @@ def test_a_failed_stream_logs_the_model_that_answered_it(served, access_lines):
     assert line["model_version"] == "1"
 
 
-def test_a_kserve_request_id_names_the_call_without_an_x_request_id(served, access_lines):
+def refused_kserve_call(served, request_id: str) -> grpc.RpcError:
+    """The error of a ModelInfer with `request_id` as its KServe `id`, refused for an output the model lacks."""
     request = kserve_pb2.ModelInferRequest(
-        id="triton-7",
-        inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [b"secret"]}}],
+        id=request_id,
+        inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [b"good"]}}],
         outputs=[{"name": "nope"}],
     )
     with served.channel() as channel, pytest.raises(grpc.RpcError) as refused:
         kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
-    assert dict(refused.value.trailing_metadata())["x-request-id"] == "triton-7"
+    return refused.value
+
+
+def test_a_kserve_request_id_names_the_call_without_an_x_request_id(served, access_lines):
+    refused = refused_kserve_call(served, "triton-7")
+    assert dict(refused.trailing_metadata())["x-request-id"] == "triton-7"
     lines = logged(access_lines)
     (line,) = lines
     assert line["request_id"] == "triton-7"
@@ -184,6 +194,46 @@ def test_a_clients_refused_calls_are_logged_once_per_interval(
             with pytest.raises(grpc.RpcError):
                 stub.Classify(pb.ClassifyRequest(texts=[text]), timeout=timeout)
     assert len(logged(access_lines, code=code)) == 1
+
+
+def test_a_request_id_over_the_limit_is_replaced_by_a_new_one_not_cut(served):
+    with served.channel() as channel:
+        _, call = classifier_pb2_grpc.ClassifierStub(channel).Classify.with_call(
+            pb.ClassifyRequest(texts=["good"]), metadata=[("x-request-id", OVER_LONG_ID)], timeout=10
+        )
+    assert NEW_ID.fullmatch(dict(call.trailing_metadata())["x-request-id"])
+
+
+def test_a_kserve_request_id_over_the_limit_is_replaced_by_a_new_one_not_cut(served):
+    refused = refused_kserve_call(served, OVER_LONG_ID)
+    assert NEW_ID.fullmatch(dict(refused.trailing_metadata())["x-request-id"])
+
+
+def test_a_kserve_request_id_over_the_limit_is_replaced_in_the_log_as_in_the_trailer(
+    start_server, bundle, access_lines
+):
+    server = start_server(settings_for(bundle, access_log=True))  # every call logged, none left out
+    request_id = dict(refused_kserve_call(server, OVER_LONG_ID).trailing_metadata())["x-request-id"]
+    assert [line["request_id"] for line in logged(access_lines, method=KSERVE_INFER)] == [request_id]
+
+
+def test_a_kserve_reply_echoes_its_requests_id_whole_past_the_request_id_limit(served):
+    request = kserve_pb2.ModelInferRequest(
+        id=OVER_LONG_ID,
+        inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "contents": {"bytes_contents": [b"good"]}}],
+    )
+    with served.channel() as channel:
+        reply = kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    assert reply.id == OVER_LONG_ID  # KServe v2: the response's id is its request's
+
+
+@pytest.mark.parametrize("character", ["x", "é", "€"], ids=["1 byte", "2 bytes", "3 bytes"])
+def test_bounded_details_fit_the_limit_with_the_cut_mark(character):
+    assert len(observe.bounded(character * 3000).encode()) <= observe.MAX_DETAILS_BYTES
+
+
+def test_bounded_details_keep_whole_characters_at_the_cut():
+    assert set(observe.bounded("€" * 3000).replace(observe.CUT_MARK, "")) == {"€"}
 
 
 class Remaining:
