@@ -10,7 +10,7 @@ from importlib import metadata
 
 import grpc
 import numpy as np
-from edgedistill.common.bundle import BundleSpec
+from edgedistill.common.bundle import BundleSpec, text_inputs
 from edgedistill.common.cascade import CascadeSpec
 from edgedistill.common.runtime import TRITON_LABELS_FILE, TRITON_PLATFORMS
 from edgedistill.serve import tensors
@@ -58,10 +58,12 @@ SHUTDOWN_STREAM = (
 )
 CASCADE_PLATFORM = "ensemble"  # Triton's platform of models composed in the server, with no backend of its own
 EXTENSIONS = ("classification", "model_configuration")  # Triton's names for what ServerMetadata reports
-TEXT_INPUTS = ("text", "text_pair")
+TEXT_INPUTS = tuple(text_inputs(pairs=True))
 # Triton's dims of a tensor of one element per row (a text input, a cascade's per-row outputs) without the batch axis:
 # [batch, 1] with it, as ModelMetadata gives it and ModelInfer returns it (Triton's dims hold at least one axis).
 ROW_DIMS = (1,)
+# Triton's model-configuration data type of each KServe datatype ModelConfig lists (text inputs, outputs)
+TRITON_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "FP32": "TYPE_FP32"}
 INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SEQUENCE_INPUTS}
 # The parameter by which Triton's shared-memory extensions place a tensor outside the messages; not served here.
 SHARED_MEMORY_REGION = "shared_memory_region"
@@ -172,6 +174,17 @@ def outputs_of(runtime: ModelRuntime | CascadeRuntime) -> dict[str, str]:
     return dict.fromkeys(OUTPUTS, "FP32") | (CASCADE_OUTPUTS if isinstance(runtime, CascadeRuntime) else {})
 
 
+def output_dims(name: str, labels: int) -> tuple[int, ...]:
+    """Triton's dims of the output `name` (one of `outputs_of`) without the batch axis: a value per label for
+    OUTPUTS, ROW_DIMS for a cascade's per-row outputs."""
+    return (labels,) if name in OUTPUTS else ROW_DIMS
+
+
+def triton_type(datatype: str) -> int:
+    """Triton's model-configuration data type (`ModelConfigResponse.DataType`) of a KServe `datatype`."""
+    return kserve_pb2.ModelConfigResponse.DataType.Value(TRITON_TYPES[datatype])
+
+
 def model_config(
     runtime: ModelRuntime | CascadeRuntime, max_texts: int, max_message_bytes: int
 ) -> kserve_pb2.ModelConfigResponse.ModelConfig:
@@ -187,14 +200,11 @@ def model_config(
     Config = kserve_pb2.ModelConfigResponse
     config = Config.ModelConfig(name=spec.name, platform=platform, backend=backend, max_batch_size=max_texts)
     for name in spec.text_inputs:
-        config.input.add(name=name, data_type=Config.TYPE_STRING, dims=ROW_DIMS)
-    for name in OUTPUTS:
-        config.output.add(
-            name=name, data_type=Config.TYPE_FP32, dims=[len(spec.labels)], label_filename=TRITON_LABELS_FILE
-        )
-    if isinstance(runtime, CascadeRuntime):
-        config.output.add(name="answered_by", data_type=Config.TYPE_STRING, dims=ROW_DIMS)
-        config.output.add(name="escalation_refused", data_type=Config.TYPE_BOOL, dims=ROW_DIMS)
+        config.input.add(name=name, data_type=triton_type(INPUTS[name]), dims=ROW_DIMS)
+    for name, datatype in outputs_of(runtime).items():
+        output = config.output.add(name=name, data_type=triton_type(datatype), dims=output_dims(name, len(spec.labels)))
+        if name in OUTPUTS:  # a value per label
+            output.label_filename = TRITON_LABELS_FILE
     config.parameters["labels"].string_value = json.dumps(spec.labels)
     config.parameters["max_message_bytes"].string_value = str(max_message_bytes)
     config.parameters["text_style"].string_value = runtime.describe().text_style
@@ -420,9 +430,11 @@ class InferenceServicer(kserve_pb2_grpc.GRPCInferenceServiceServicer):
             name=runtime.name,
             versions=[runtime.version],
             platform=platform_of(runtime)[0],
-            inputs=[Tensor(name=name, datatype="BYTES", shape=[-1, *ROW_DIMS]) for name in runtime.spec.text_inputs],
+            inputs=[
+                Tensor(name=name, datatype=INPUTS[name], shape=[-1, *ROW_DIMS]) for name in runtime.spec.text_inputs
+            ],
             outputs=[
-                Tensor(name=name, datatype=datatype, shape=[-1, labels] if name in OUTPUTS else [-1, *ROW_DIMS])
+                Tensor(name=name, datatype=datatype, shape=[-1, *output_dims(name, labels)])
                 for name, datatype in outputs_of(runtime).items()
             ],
         )

@@ -8,11 +8,19 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from edgedistill.serve import tensors
+from edgedistill.serve import tensors, transport
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
+from edgedistill.serve.proto.kserve_pb2 import ModelConfigResponse, ModelInferRequest
 
-from tests.serve.conftest import LABELS, MAX_LENGTH, tiny_tokenizer
+from tests.serve.conftest import (
+    LABELS,
+    MAX_LENGTH,
+    RunningServer,
+    settings_for,
+    tiny_tokenizer,
+    write_bundle,
+    write_cascade,
+)
 
 MODEL = "tiny-sentiment"
 TEXTS = ["a great movie", "awful boring film", "this film is not very good"]
@@ -175,6 +183,50 @@ def test_a_text_input_shaped_as_model_metadata_gives_is_classified(stub, expecte
     shape = [len(TEXTS) if dim == -1 else dim for dim in meta.inputs[0].shape]
     reply = stub.ModelInfer(text_request(TEXTS, shape=shape), timeout=10)
     np.testing.assert_allclose(outputs_of(reply)["probabilities"], expected["probabilities"], atol=1e-6)
+
+
+# Triton's model-configuration data type of each KServe datatype (Triton's datatypes table: BYTES is TYPE_STRING)
+TRITON_TYPES = {
+    "FP32": ModelConfigResponse.TYPE_FP32,
+    "BYTES": ModelConfigResponse.TYPE_STRING,
+    "BOOL": ModelConfigResponse.TYPE_BOOL,
+}
+
+
+@pytest.fixture(scope="module")
+def served_cascade(tmp_path_factory):
+    """One warm server on a cascade of two tiny bundles, shared by a test module."""
+    folder = tmp_path_factory.mktemp("cascade")
+    members = {"student": write_bundle(folder / "student"), "teacher": write_bundle(folder / "teacher", bias=0.5)}
+    server = RunningServer(settings_for(write_cascade(folder / "bundle-cascade", members, [0.9])))
+    yield server
+    server.close()
+
+
+def described_outputs(server) -> tuple[list, list]:
+    """The served model's outputs as ModelMetadata and as ModelConfig list them: name, Triton data type and shape
+    with the batch axis."""
+    with server.channel() as channel:
+        kserve = kserve_pb2_grpc.GRPCInferenceServiceStub(channel)
+        meta = kserve.ModelMetadata(kserve_pb2.ModelMetadataRequest(), timeout=10)
+        config = kserve.ModelConfig(kserve_pb2.ModelConfigRequest(), timeout=10).config
+    return (
+        [(t.name, TRITON_TYPES[t.datatype], list(t.shape)) for t in meta.outputs],
+        [(o.name, o.data_type, [-1, *o.dims]) for o in config.output],
+    )
+
+
+@pytest.mark.parametrize("server", ["served", "served_cascade"], ids=["bundle", "cascade"])
+def test_model_config_lists_the_outputs_model_metadata_lists(request, server):
+    metadata, config = described_outputs(request.getfixturevalue(server))
+    assert config == metadata
+
+
+def test_model_config_lists_a_cascade_output_model_metadata_lists(served_cascade, monkeypatch):
+    # an output a cascade gains (`CASCADE_OUTPUTS`) is described by both methods
+    monkeypatch.setattr(transport, "CASCADE_OUTPUTS", transport.CASCADE_OUTPUTS | {"member_margin": "FP32"})
+    metadata, config = described_outputs(served_cascade)
+    assert config == metadata
 
 
 def test_model_config_gives_the_label_names(stub):
