@@ -26,10 +26,10 @@ TEACHER = ("data", "model", "pretrain", "finetune")  # what the teacher is built
 TRAINED = (*TEACHER, "transfer", "distill", "export")  # ... and the transfer set (its labeller too) and the students
 _BENCH = ("data", "export.deploy", "tracking")  # a benchmark of a served bundle: the dev split, the deployed bundle
 READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> the sections it reads
-    # pretraining checks finetune.reinit_layers and finetune.pooling against the model; the teacher's commands warn
-    # about missing transfer.unlabelled_files, and about students the distill stage would refuse, before hours of
-    # training, and refuse teacher bundles (export.bundles, transfer.labeller) asking for fusion of a teacher ONNX
-    # Runtime fuses only in part (distill.heads.require_fusable)
+    # pretraining checks finetune.reinit_layers, finetune.pooling and finetune.classifier_dropout against the model;
+    # the teacher's commands warn about missing transfer.unlabelled_files, and about students the distill stage would
+    # refuse, before hours of training, and refuse teacher bundles (export.bundles, transfer.labeller) asking for
+    # fusion of a teacher ONNX Runtime fuses only in part (distill.heads.require_fusable)
     "pretrain": ("data", "model", "pretrain", "finetune", "transfer", "distill", "export", "runtime", "tracking"),
     "finetune": (*TEACHER, "transfer", "distill", "export", "runtime", "tracking"),
     "teacher": (*TEACHER, "transfer", "distill", "export", "runtime", "tracking"),

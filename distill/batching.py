@@ -5,23 +5,21 @@ import random
 import torch
 
 
-def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, shuffle: bool = True) -> list[list[int]]:
-    """Index batches of similar length; with `shuffle`, both the pools and the batch order are random.
+def length_grouped_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
+    """Index batches of similar length, the pools and the batch order drawn from `seed`.
 
     Examples are shuffled, cut into pools of 50 batches, each pool sorted by length and split into
     batches, then the batches are shuffled: close to sorted padding, still random order.
     """
     order = list(range(len(lengths)))
     rng = random.Random(seed)
-    if shuffle:
-        rng.shuffle(order)
+    rng.shuffle(order)
     pool = batch_size * 50
     batches = []
     for start in range(0, len(order), pool):
         chunk = sorted(order[start : start + pool], key=lambda i: lengths[i])
         batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
-    if shuffle:
-        rng.shuffle(batches)
+    rng.shuffle(batches)
     return batches
 
 

@@ -21,7 +21,7 @@ from edgedistill.distill.device import Placement
 from edgedistill.distill.metrics import EVAL_KEYS, finite, one_class, task_metrics
 from edgedistill.distill.students import count_parameters
 from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, pair_segments
-from edgedistill.distill.trainer import Trainer, save_pretrained_atomic, work_dir
+from edgedistill.distill.trainer import Trainer, find_layers, save_pretrained_atomic, work_dir
 from transformers import AutoConfig
 
 
@@ -66,20 +66,20 @@ def hf_logits(model):
 
 
 def reinit_top_layers(model, count: int) -> None:
-    """Draw the top `count` Transformer layers (and the pooler) afresh, as a new model's are: their pretrained
+    """Draw the top `count` Transformer layers (found as `optim.layer_decay` finds them) and the pooler, wherever
+    the model holds one (a BERT's encoder, DeBERTa's classifier), afresh, as a new model's are: their pretrained
     weights suit the pretraining objective more than a small task (Zhang et al. 2021)."""
     if count == 0:
         return
     model_name = type(model).__name__
     heads.require_reinit(model.config, count, model_name)
     total = model.config.num_hidden_layers
-    lists = (m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == total)
-    layers = next(lists, None)
-    if layers is None:
+    stack = find_layers(model.base_model, total, total)  # one layer an entry: `require_reinit` refuses shared ones
+    if stack is None:
         raise RecipeError(f"finetune.reinit_layers: no list of {total} layers in {model_name}")
-    pooler = getattr(model.base_model, "pooler", None)
+    poolers = [module for name, module in model.named_modules() if name.rpartition(".")[2] == "pooler"]
     with torch.no_grad():
-        for module in [*layers[total - count :], *([pooler] if pooler is not None else [])]:
+        for module in [*(block for layers in stack.lists for block in layers[total - count :]), *poolers]:
             for name, param in module.named_parameters():
                 if name.endswith("bias"):
                     param.zero_()
@@ -117,6 +117,7 @@ def build_stage(inputs: Inputs) -> Built | None:
     config = AutoConfig.from_pretrained(init)
     heads.require_family(config, recipe.model.family, init)
     heads.require_pooling(config, cfg.pooling, init)
+    heads.require_classifier_dropout(config, cfg.classifier_dropout, init)
     heads.require_fusable(config, recipe, init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
     extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}

@@ -127,11 +127,25 @@ def require_pooling(config, pooling: str, name) -> None:
         )
 
 
+def require_classifier_dropout(config, dropout: float | None, name) -> None:
+    """Refuse `finetune.classifier_dropout` for a checkpoint `name` whose transformers `config` has no
+    `classifier_dropout` field (DistilBERT, DeBERTa-v2, ALBERT, XLM name their head's dropout otherwise, and their
+    classifiers take no such argument): known from the config, so the pretrain stage refuses it too, before it
+    trains."""
+    if dropout is not None and not hasattr(config, "classifier_dropout"):
+        raise RecipeError(
+            f"finetune.classifier_dropout={dropout:g}, but {name} is a {config.model_type}, whose config has no "
+            "classifier_dropout field to set (its head's dropout is named otherwise); leave classifier_dropout unset "
+            "for it"
+        )
+
+
 def require_reinit(config, count: int, name) -> None:
     """Refuse `finetune.reinit_layers` of `count` top layers where a model of transformers `config` (named `name`)
     cannot have them drawn afresh: an encoder-decoder, whose head reads its decoder's layers; a config without the
-    `initializer_range` to draw from (BART's and XLM's give `init_std`); fewer layers than `count`. Known from the
-    config, so the pretrain stage refuses it too, before it trains."""
+    `initializer_range` to draw from (BART's and XLM's give `init_std`); layers that share weights (ALBERT's
+    `num_hidden_groups`), where a top layer drawn afresh would draw lower ones with it; fewer layers than `count`.
+    Known from the config, so the pretrain stage refuses it too, before it trains."""
     if count == 0:
         return
     if config.is_encoder_decoder:
@@ -144,8 +158,15 @@ def require_reinit(config, count: int, name) -> None:
             f"finetune.reinit_layers: {name}'s config gives no initializer_range to draw the fresh weights from; "
             "leave reinit_layers at 0 for it"
         )
-    if count > config.num_hidden_layers:
-        raise RecipeError(f"finetune.reinit_layers={count}, but the model has {config.num_hidden_layers} layers")
+    layers = config.num_hidden_layers
+    if (groups := getattr(config, "num_hidden_groups", layers)) != layers:
+        raise RecipeError(
+            f"finetune.reinit_layers draws the top layers afresh, but {name} shares weights between its layers "
+            f"(num_hidden_groups={groups} for num_hidden_layers={layers}), so a top layer drawn afresh would draw "
+            "lower ones with it; leave reinit_layers at 0 for it"
+        )
+    if count > layers:
+        raise RecipeError(f"finetune.reinit_layers={count}, but the model has {layers} layers")
 
 
 # The teachers whose exported graph ONNX Runtime's BERT fusions fuse completely: an attention node per layer, the

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
-from edgedistill.common.config.training import ModelConfig
+from edgedistill.common.config.training import ModelConfig, PretrainConfig
 from edgedistill.common.data import load_unlabelled
 from edgedistill.common.recipe import RecipeError
 from edgedistill.common.stage import Built, Inputs
@@ -183,13 +183,15 @@ class LanguageModelObjective(torch.nn.Module):
 class MaskedBatches:
     """`make_batch` of the pretraining's `Trainer.fit`: each step's whole batch of blocks masked at once (the draws one
     process without grad_accum makes), dealt into its micro-batches, each with the divisor of its summed loss
-    (`scaled_loss`): the whole batch's predicted tokens times the micro-batch's share of the batch's examples. The
-    micro-batches' losses, weighted by that share (`Trainer.fit`), then add up to the mean over the whole batch's
-    predicted tokens however it is split (grad_accum, ranks); a mean over each one's own tokens weighed a token of a
-    micro-batch with few of them more."""
+    (`scaled_loss`): the step's predicted tokens times the micro-batch's share of the batch's examples. The
+    micro-batches' losses, weighted by that share (`Trainer.fit`), then add up to the mean over the step's predicted
+    tokens however the batch is split (grad_accum, ranks); a mean over each one's own tokens weighed a token of a
+    micro-batch with few of them more. Each rank masks the whole batch with draws of its own and predicts the tokens
+    of the blocks it holds (`MicroBatch.held`): the step's predicted tokens are their sum over the ranks, added up
+    on `device` (a collective, once a step)."""
 
-    def __init__(self, collator, blocks: Blocks, causal: bool):
-        self.collator, self.blocks, self.causal = collator, blocks, causal
+    def __init__(self, collator, blocks: Blocks, causal: bool, device: torch.device | str = "cpu"):
+        self.collator, self.blocks, self.causal, self.device = collator, blocks, causal, device
         self.batch: list[int] | None = None  # held: its masks serve each of its micro-batches
         self.masked: dict[str, torch.Tensor] = {}
         self.rows: dict[int, int] = {}  # a block's row in `masked`
@@ -201,7 +203,9 @@ class MaskedBatches:
             self.rows = {index: row for row, index in enumerate(part.batch)}
             # as `LanguageModelObjective` counts them: a causal LM predicts every real token but a block's first
             mask = self.masked["attention_mask"][:, 1:] if self.causal else self.masked["labels"] != -100
-            self.targets = int(mask.sum())
+            held = int(mask[torch.tensor([self.rows[i] for i in part.held], dtype=torch.long)].sum())
+            # every rank's: their mean over the ranks, times the ranks
+            self.targets = round(dist.mean_over_ranks(held, 1, self.device) * dist.world_size())
         rows = torch.tensor([self.rows[i] for i in part])
         inputs = {key: value[rows] for key, value in self.masked.items()}
         return inputs, max(self.targets, 1) * len(part) / len(part.batch)
@@ -236,6 +240,24 @@ def trained_lm_metrics(metrics: dict[str, float], lr: float) -> dict[str, float]
     return metrics
 
 
+def require_blocks(cfg: PretrainConfig, train: int, held_out: int) -> None:
+    """`RecipeError` where the training or the evaluation text, cut into `train` and `held_out` blocks, holds fewer
+    tokens than one block of `pretrain.seq_len`, naming the settings that give it more."""
+    short = f"fewer tokens than one block of pretrain.seq_len={cfg.seq_len}"
+    if not train:
+        more = "add lines" + (" or raise pretrain.train_max_lines" if cfg.train_max_lines else "")
+        raise RecipeError(f"pretrain.train_files: the training text holds {short}; {more}, or lower seq_len")
+    if held_out:
+        return
+    if cfg.eval_files:
+        more = "add lines" + (" or raise pretrain.eval_max_lines" if cfg.eval_max_lines else "")
+        raise RecipeError(f"pretrain.eval_files: the evaluation text holds {short}; {more}, or lower seq_len")
+    raise RecipeError(
+        f"pretrain.eval_holdout_lines={cfg.eval_holdout_lines}: the lines held out of pretrain.train_files for "
+        f"evaluation hold {short}; raise eval_holdout_lines, name pretrain.eval_files, or lower seq_len"
+    )
+
+
 def build_stage(inputs: Inputs) -> Built | None:
     """The body of `distill.stages.pretrain`."""
     recipe = inputs.recipe
@@ -258,7 +280,9 @@ def build_stage(inputs: Inputs) -> Built | None:
         tokenizer = load_tokenizer(model_cfg.init)
         config = AutoConfig.from_pretrained(model_cfg.init)
         heads.require_family(config, model_cfg.family, model_cfg.init)
-        heads.require_pooling(config, recipe.finetune.pooling, model_cfg.init)  # fine-tuning would refuse it after
+        # fine-tuning would refuse these after this stage has trained
+        heads.require_pooling(config, recipe.finetune.pooling, model_cfg.init)
+        heads.require_classifier_dropout(config, recipe.finetune.classifier_dropout, model_cfg.init)
         heads.require_fusable(config, recipe, model_cfg.init)
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
         model = device.load_trainable(auto, model_cfg.init)
@@ -280,8 +304,7 @@ def build_stage(inputs: Inputs) -> Built | None:
     blocks = make_blocks(tokenizer, texts, cfg.seq_len, model_cfg.family, wwm, "pretrain blocks" if shown else None)
     eval_blocks = make_blocks(tokenizer, eval_texts, cfg.seq_len, model_cfg.family, wwm)
     del texts, eval_texts  # the blocks hold what training reads: the corpus (GBs of a large dump) is not held
-    if not blocks or not eval_blocks:
-        raise ValueError(f"pretrain: corpus too small for one block of {cfg.seq_len} tokens (train or eval)")
+    require_blocks(cfg, len(blocks), len(eval_blocks))
     bs = cfg.optim.batch_size
     eval_batches = [eval_collator(eval_blocks[i : i + bs]) for i in range(0, len(eval_blocks), bs)]
     placement = device.for_process(recipe.runtime)
@@ -296,7 +319,7 @@ def build_stage(inputs: Inputs) -> Built | None:
 
     progress = trainer.fit(
         batches_for_epoch=batches_for_epoch,
-        make_batch=MaskedBatches(collator, blocks, causal=not mlm),
+        make_batch=MaskedBatches(collator, blocks, causal=not mlm, device=placement.device),
         loss_fn=scaled_loss,
         evaluate=lambda m: trained_lm_metrics(lm_metrics(m, eval_batches, placement), cfg.optim.lr),
         metric="token_accuracy",

@@ -40,7 +40,7 @@ from edgedistill.distill.students import (
     teacher_misfits,
 )
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
-from edgedistill.distill.trainer import MicroBatch, Trainer, step_budget, work_dir
+from edgedistill.distill.trainer import MicroBatch, Trainer, work_dir
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -305,17 +305,16 @@ def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | N
         feats = encode(tokenizer, train.texts, train.pairs, max_length, student_segments=True, desc=tokenizing)
         teacher_logits = torch.zeros(len(train), recipe.data.num_labels)
         labels = torch.tensor(train.labels)
-        # the distilled student's budget: the trainer's steps over the transfer set's batches, the last one short
-        batches = math.ceil(inputs.manifests["transfer"].metrics["sentences"] / spec.optim.batch_size)
-        optim = spec.optim.model_copy(update={"max_steps": step_budget(spec.optim, batches)})
+        # the distilled student's epoch: its batches of the transfer set, the last one short
+        epoch_steps = math.ceil(inputs.manifests["transfer"].metrics["sentences"] / spec.optim.batch_size)
     else:
         feats, teacher_logits, labels = _transfer_data(transfer_dir, tokenizer, max_length, tokenizing)
-        optim = spec.optim
+        epoch_steps = None
 
     # how a pair's segment ids are made, where not from the tokenizer's token types (the model card shows it)
     derived = recipe.data.pairs and pair_segments(tokenizer, str(teacher_dir)) == "sequence_ids"
     cfg = student_config(recipe, spec, len(tokenizer), pad)
-    torch.manual_seed(optim.seed)
+    torch.manual_seed(spec.optim.seed)
     student = build_student(cfg, recipe.data.label_names)
     from_teacher = spec.baseline_init_from_teacher if baseline else spec.init_from_teacher
     matched = not baseline and bool(spec.losses.hidden or spec.losses.attention)
@@ -332,19 +331,20 @@ def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | N
     if teacher_bert is not None:  # held outside the objective's parameters, so moved here
         teacher_bert.to(placement.device)
     work = work_dir(inputs)
-    trainer = Trainer(objective, optim, work, inputs.work_key, stage_name, placement, bar_position)
+    trainer = Trainer(objective, spec.optim, work, inputs.work_key, stage_name, placement, bar_position)
 
     def on_best(module, _):
         weights = {k: v.detach().cpu().contiguous() for k, v in module.student.state_dict().items()}
         atomic_write(trainer.best_path, lambda tmp: save_file(weights, tmp))
 
     progress = trainer.fit(
-        batches_for_epoch=lambda epoch: length_grouped_batches(lengths, optim.batch_size, optim.seed + epoch),
+        batches_for_epoch=lambda epoch: length_grouped_batches(lengths, spec.optim.batch_size, spec.optim.seed + epoch),
         make_batch=partial(distill_batch, feats, teacher_logits, labels, pad),
         loss_fn=lambda m, batch: m(*batch),
         evaluate=lambda m: dev_metrics(m.student, dev_feats, dev.labels, recipe, name, pad, placement),
         metric=recipe.data.selection_key,
         on_best=on_best,
+        epoch_steps=epoch_steps,
     )
     if not dist.is_main():
         return None

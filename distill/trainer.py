@@ -31,7 +31,7 @@ from transformers import PreTrainedModel, get_linear_schedule_with_warmup
 CHECKPOINT = "checkpoint.pt"
 BEST = "best"  # the kept weights in the work folder, as `best-<step>` (`Trainer.best_path`)
 LOG_EVERY = 10  # steps between points of the tracked training curves
-RECENT = 50  # steps whose losses the bar averages (the tracked curve, the last LOG_EVERY of them)
+RECENT = 50  # steps whose losses the bar averages, across evaluations (the tracked curve, the last LOG_EVERY of them)
 
 
 def step_budget(cfg: OptimConfig, batches_per_epoch: int) -> int:
@@ -61,11 +61,14 @@ def ema_update(decay: float):
 class MicroBatch(list):
     """The example indices of a micro-batch, and `batch`, the whole global batch of its step they were dealt from
     (the same on every rank): what a loss averaged over some of the examples (the labelled ones) or over tokens
-    counts them in."""
+    counts them in; `held`, the examples of `batch` this rank runs in all its micro-batches of the step (by default
+    the whole batch, as one process runs it): its share of a count each rank makes of its own draws (pretraining's
+    masked tokens), to add up over the ranks."""
 
-    def __init__(self, indices: list[int], batch: list[int]):
+    def __init__(self, indices: list[int], batch: list[int], held: list[int] | None = None):
         super().__init__(indices)
         self.batch = batch
+        self.held = batch if held is None else held
 
 
 class CheckpointError(RuntimeError):
@@ -81,7 +84,7 @@ class Progress:
     best_step: int = -1
     evals_without_gain: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)  # the last RECENT steps' since the last evaluation
+    losses: list[float] = field(default_factory=list)  # the last RECENT steps', across evaluations
     # every step's since the last evaluation, added in step order: with loss_steps, train_loss (as `sum` of every
     # step's loss gave it on Python 3.11, which the images run; 3.12's `sum` compensates rounding, last bits apart)
     loss_sum: float = 0.0
@@ -114,7 +117,7 @@ def _current_progress(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class _Stack:
+class LayerStack:
     """A stack of Transformer layers: the module lists `lists` (one, or several side by side, as XLM's attentions and
     feed-forwards), whose entry i serves layers i * per_entry to (i + 1) * per_entry - 1 of `count`, and `holder`, the
     module that holds them."""
@@ -125,15 +128,23 @@ class _Stack:
     per_entry: int
 
 
-def _stack(model: PreTrainedModel, within: torch.nn.Module, count: int, groups: int, kind: str = "") -> _Stack:
-    """The first module list in `within` that holds `model`'s `count` layers (of `kind`: "decoder "), or, where
-    layers share weights (ALBERT's `num_hidden_groups`), one entry per group, with the lists of as many entries
-    beside it. None is a `RecipeError`: the layers would silently all learn at the head's rate."""
+def find_layers(within: torch.nn.Module, count: int, groups: int) -> LayerStack | None:
+    """The stack of `count` layers in `within`, found by structure, not by names: the first module list that holds
+    them, or, where layers share weights (ALBERT's `num_hidden_groups`), one entry per group, with the lists of as
+    many entries beside it; None where there is none."""
     for name, sub in within.named_modules():
         if isinstance(sub, torch.nn.ModuleList) and len(sub) == groups and count % groups == 0:
             holder = within.get_submodule(name.rpartition(".")[0])
             lists = tuple(m for m in holder.children() if isinstance(m, torch.nn.ModuleList) and len(m) == groups)
-            return _Stack(lists, holder, count, count // groups)
+            return LayerStack(lists, holder, count, count // groups)
+    return None
+
+
+def _stack(model: PreTrainedModel, within: torch.nn.Module, count: int, groups: int, kind: str = "") -> LayerStack:
+    """`find_layers` for `optim.layer_decay`, of `model`'s layers of `kind` ("decoder "). None is a `RecipeError`: the
+    layers would silently all learn at the head's rate."""
+    if (stack := find_layers(within, count, groups)) is not None:
+        return stack
     raise RecipeError(
         f"optim.layer_decay: {type(model).__name__} holds no module list of its {count} {kind}layers (or of its "
         f"{groups} layer groups) to scale the learning rates of; leave layer_decay unset for it"
@@ -150,11 +161,11 @@ def _transformers_models(model: torch.nn.Module) -> list[PreTrainedModel]:
     return list(found.values())
 
 
-def _holds(module: torch.nn.Module, stacks: list[_Stack]) -> bool:
+def _holds(module: torch.nn.Module, stacks: list[LayerStack]) -> bool:
     return any(sub is layers for sub in module.modules() for stack in stacks for layers in stack.lists)
 
 
-def _embeddings(model: PreTrainedModel, stacks: list[_Stack]) -> list[torch.nn.Parameter]:
+def _embeddings(model: PreTrainedModel, stacks: list[LayerStack]) -> list[torch.nn.Parameter]:
     """`model`'s embeddings, found by structure: every module that holds its input embedding's weight (tied
     copies too) and, beside each, the module that owns it when that holds no layers (a BERT's embeddings: position
     and token type embeddings, LayerNorm), else the embeddings the owner holds directly (GPT-2's positions); then,
@@ -455,8 +466,10 @@ class Trainer:
         """This rank's shares of a global batch: `grad_accum` of them, fewer (none at all) where the batch has fewer
         examples than `world_size * grad_accum`, as an epoch's last batch may."""
         parts = self.world_size * self.cfg.grad_accum
-        mine = range(self.rank * self.cfg.grad_accum, (self.rank + 1) * self.cfg.grad_accum)
-        return [MicroBatch(batch[i::parts], batch) for i in mine if i < len(batch)]
+        first = self.rank * self.cfg.grad_accum
+        mine = [i for i in range(first, first + self.cfg.grad_accum) if i < len(batch)]
+        held = [index for i in mine for index in batch[i::parts]]
+        return [MicroBatch(batch[i::parts], batch, held) for i in mine]
 
     def _step(self, model, batch: list[int], make_batch, loss_fn) -> tuple[float, bool]:
         """One optimizer step over this rank's micro-batches of `batch`: the mean loss per example of the whole batch
@@ -465,7 +478,7 @@ class Trainer:
         parts = self._micro_batches(batch)
         mine = sum(len(part) for part in parts)
         # a rank the batch leaves without examples still runs one pass, weighted 0: DDP's all-reduce needs every rank
-        runs = [(part, len(part)) for part in parts] or [(MicroBatch(batch[:1], batch), 0)]
+        runs = [(part, len(part)) for part in parts] or [(MicroBatch(batch[:1], batch, []), 0)]
         total = 0.0
         scale = self.scaler.get_scale()
         for i, (part, examples) in enumerate(runs):
@@ -493,6 +506,7 @@ class Trainer:
         evaluate: Callable[[torch.nn.Module], dict[str, float]],
         metric: str,
         on_best: Callable[[torch.nn.Module, dict[str, float]], None],
+        epoch_steps: int | None = None,
     ) -> Progress:
         """Train until the step budget or early stopping; returns the progress with its history.
 
@@ -502,10 +516,13 @@ class Trainer:
         examples divides by their count in the whole batch, times the micro-batch's share of its examples, so
         that the micro-batches, weighted by that share, add up to the term's mean over the batch.
         `evaluate(model)` runs on rank 0, which shares its figures with the other ranks.
+        `epoch_steps`: the steps that count as an epoch, for the step budget (`epochs`) and the evaluation at each
+        epoch's end; by default the batches of `batches_for_epoch` (a baseline counts its student's, so that the two
+        train as long and evaluate, and so stop early, at the same steps).
         """
         cfg = self.cfg
         first = batches_for_epoch(0)
-        total = step_budget(cfg, len(first))
+        total = step_budget(cfg, epoch_steps or len(first))
         scheduler = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup_ratio * total), total)
         self._try_resume(scheduler)
         p = self.progress
@@ -558,7 +575,7 @@ class Trainer:
                         "examples_per_s": rate,
                     }
                     tracking.active().log({f"train/{key}": value for key, value in curves.items()}, p.global_step)
-                end_of_epoch = p.step_in_epoch == len(batches)
+                end_of_epoch = p.global_step % epoch_steps == 0 if epoch_steps else p.step_in_epoch == len(batches)
                 due = (cfg.eval_every and p.global_step % cfg.eval_every == 0) or end_of_epoch or p.global_step >= total
                 if due:
                     stop = self._evaluate(evaluate, metric, on_best, scheduler) or p.global_step >= total
@@ -584,7 +601,7 @@ class Trainer:
         entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
         if p.loss_steps:
             entry["train_loss"] = p.loss_sum / p.loss_steps
-        p.losses, p.loss_sum, p.loss_steps = [], 0.0, 0
+        p.loss_sum, p.loss_steps = 0.0, 0
         entry["lr"] = _lr(scheduler)
         entry.update(metrics)
         p.history.append(entry)

@@ -18,6 +18,7 @@ from transformers import (
     BertConfig,
     BertModel,
     DebertaV2Config,
+    DistilBertConfig,
     GPT2Config,
     LlamaConfig,
     RobertaConfig,
@@ -180,3 +181,26 @@ def test_a_fusion_choice_for_a_teacher_the_fusions_fuse_fully_passes():
 def test_reinit_layers_of_an_encoder_decoder_is_refused_from_its_config_naming_the_checkpoint():
     with pytest.raises(RecipeError, match="reinit_layers draws an encoder's top layers afresh, but init is an encoder"):
         heads.require_reinit(BartConfig(), 1, "init")
+
+
+def test_reinit_layers_of_an_albert_sharing_its_layers_is_refused_from_its_config():
+    config = AlbertConfig(num_hidden_layers=4, num_hidden_groups=1)
+    with pytest.raises(RecipeError, match=r"init shares weights between its layers \(num_hidden_groups=1 for num_hid"):
+        heads.require_reinit(config, 2, "init")
+
+
+def test_reinit_layers_of_an_albert_with_a_group_per_layer_passes():
+    assert heads.require_reinit(AlbertConfig(num_hidden_layers=4, num_hidden_groups=4), 2, "init") is None
+
+
+@pytest.mark.parametrize(
+    "config", [DistilBertConfig(), DebertaV2Config(), AlbertConfig()], ids=lambda config: config.model_type
+)
+def test_classifier_dropout_for_an_init_whose_config_has_no_such_field_is_refused(config):
+    with pytest.raises(RecipeError, match=f"classifier_dropout=0.2, but init is a {config.model_type}, whose config"):
+        heads.require_classifier_dropout(config, 0.2, "init")
+
+
+@pytest.mark.parametrize("config", [BertConfig(), RobertaConfig()], ids=lambda config: config.model_type)
+def test_classifier_dropout_for_an_init_whose_config_has_the_field_passes(config):
+    assert heads.require_classifier_dropout(config, 0.2, "init") is None

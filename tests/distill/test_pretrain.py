@@ -33,6 +33,7 @@ from transformers import (
 )
 
 from tests.conftest import ROOT, run_here
+from tests.distill.distilbert_init import write_distilbert
 from tests.distill.gpt_init import write_gpt2
 from tests.distill.ranks import on_two_ranks
 from tests.roberta_init import write_roberta
@@ -194,6 +195,26 @@ def test_too_few_lines_to_hold_out_fail_naming_the_settings():
     )
 
 
+def test_too_few_held_out_lines_for_one_block_fail_naming_the_settings():
+    args = ["--pretrain.eval_files=[]", "--pretrain.eval_holdout_lines=1", "--pretrain.seq_len=2048"]
+    result = run_here("distill", "pretrain", ROOT / "recipes" / "smoke.yaml", *args)
+    refusal = (
+        "error: pretrain.eval_holdout_lines=1: the lines held out of pretrain.train_files for evaluation hold fewer "
+        "tokens than one block of pretrain.seq_len=2048; raise eval_holdout_lines, name pretrain.eval_files, or lower"
+    )
+    assert refusal in result.stderr
+
+
+def test_a_training_text_too_short_for_one_block_fails_naming_the_settings():
+    args = ["--pretrain.train_max_lines=1", "--pretrain.seq_len=2048"]
+    result = run_here("distill", "pretrain", ROOT / "recipes" / "smoke.yaml", *args)
+    refusal = (
+        "error: pretrain.train_files: the training text holds fewer tokens than one block of pretrain.seq_len=2048; "
+        "add lines or raise pretrain.train_max_lines, or lower seq_len"
+    )
+    assert refusal in result.stderr
+
+
 def test_a_pretraining_that_diverged_stops_the_stage_naming_its_learning_rate():
     result = run_here(
         "distill",
@@ -217,6 +238,13 @@ def test_mean_pooling_of_a_roberta_init_is_refused_before_pretraining(tmp_path):
     # --export=null: the smoke recipe's fused teacher bundle would be refused first
     result = pretrain_mean_pooled(init, "--export=null")
     assert f"finetune.pooling=mean builds a BERT encoder, but {init} is a roberta" in result.stderr
+
+
+def test_classifier_dropout_for_an_init_without_the_field_is_refused_before_pretraining(tmp_path):
+    init = write_distilbert(tmp_path / "distilbert", TEXTS)
+    args = [f"--model.init={init}", "--finetune.classifier_dropout=0.1", "--pretrain.optim.max_steps=1"]
+    result = run_here("distill", "pretrain", ROOT / "recipes" / "smoke.yaml", *args)
+    assert f"error: finetune.classifier_dropout=0.1, but {init} is a distilbert, whose config has" in result.stderr
 
 
 def test_pretraining_continues_from_a_mean_pooled_teacher(tmp_path):
@@ -290,22 +318,29 @@ def test_an_eval_batch_without_masked_positions_is_left_out_of_the_eval_figures(
     assert with_empty == lm_metrics(objective, [_mlm_batch(masked=True)], cpu)
 
 
+def _mlm_objective(vocab_size: int) -> LanguageModelObjective:
+    """A one-layer BERT's masked-LM objective without dropout, drawn from seed 0."""
+    config = BertConfig(vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    return LanguageModelObjective(BertForMaskedLM(config), causal=False)
+
+
+def _gradient(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
 def _mlm_step_gradient(folder, grad_accum: int) -> torch.Tensor:
     """The gradient of one masked-LM step over 4 blocks of 12 tokens (30% masked), taken in `grad_accum` micro-batches,
     without dropout."""
     tok = tokenizer("bert")
-    config = BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
-    torch.manual_seed(0)
-    objective = LanguageModelObjective(BertForMaskedLM(config), causal=False)
+    objective = _mlm_objective(len(tok))
     collator = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.3)
     batches = MaskedBatches(collator, make_blocks(tok, TEXTS, 12, "bert", False), causal=False)
     optim = OptimConfig(lr=1e-3, batch_size=4, grad_accum=grad_accum, max_steps=1)
     trainer = Trainer(objective, optim, folder, "h", "test", resolve(RuntimeConfig(device="cpu", precision="fp32")))
     grads = []
-    trainer.optimizer.register_step_pre_hook(
-        lambda *_: grads.append(torch.cat([p.grad.flatten() for p in objective.parameters() if p.grad is not None]))
-    )
+    trainer.optimizer.register_step_pre_hook(lambda *_: grads.append(_gradient(objective)))
     torch.manual_seed(2)  # masks 2, 2, 5 and 2 tokens: micro-batches of blocks 0, 2 and 1, 3 hold 7 and 4
     trainer.fit(lambda epoch: [[0, 1, 2, 3]], batches, scaled_loss, lambda m: {"score": 0.0}, "score",
                 lambda m, _: None)  # fmt: skip
@@ -315,6 +350,41 @@ def _mlm_step_gradient(folder, grad_accum: int) -> torch.Tensor:
 def test_a_masked_lm_step_has_the_same_gradient_whatever_the_split_of_its_batch(tmp_path):
     whole, split = _mlm_step_gradient(tmp_path / "one", 1), _mlm_step_gradient(tmp_path / "two", 2)
     assert (split - whole).abs().max().item() < 1e-6
+
+
+def _ddp_mlm_step(tokenizer_dir: str, folder: str) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
+    """One masked-LM step over 4 blocks of 12 tokens (30% masked) on this rank, without dropout or clipping: the
+    gradient it stepped with, and the inputs of the blocks it ran, masked with draws of its own (as arrays: a tensor
+    would reach the test through this process's shared memory, gone once it ends)."""
+    tok = load_tokenizer(tokenizer_dir)
+    objective = _mlm_objective(len(tok))
+    collator = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.3)
+    batches, ran = MaskedBatches(collator, make_blocks(tok, TEXTS, 12, "bert", False), causal=False), []
+
+    def make_batch(part):
+        inputs = batches(part)
+        ran.append({key: value.numpy() for key, value in inputs[0].items()})
+        return inputs
+
+    optim = OptimConfig(lr=1e-3, batch_size=4, max_steps=1, grad_clip=1e9)
+    trainer = Trainer(objective, optim, folder, "h", "test", resolve(RuntimeConfig(device="cpu", precision="fp32")))
+    grads = []
+    trainer.optimizer.register_step_pre_hook(lambda *_: grads.append(_gradient(objective)))
+    trainer.fit(lambda epoch: [[0, 1, 2, 3]], make_batch, scaled_loss, lambda m: {"score": 0.0}, "score",
+                lambda m, _: None)  # fmt: skip
+    return grads[0].numpy(), ran
+
+
+def test_under_ddp_a_masked_lm_step_s_gradient_is_the_mean_over_every_rank_s_predicted_tokens(tmp_path):
+    tok = tokenizer("bert")
+    tok.save_pretrained(tmp_path / "tokenizer")
+    said = on_two_ranks(tmp_path, _ddp_mlm_step, str(tmp_path / "tokenizer"), str(tmp_path / "run"))
+    inputs = [{key: torch.from_numpy(value) for key, value in batch.items()} for batch in said[0][1] + said[1][1]]
+    predicted = [int((batch["labels"] != -100).sum()) for batch in inputs]
+    objective = _mlm_objective(len(tok))
+    total = sum(objective(**batch)[0] * count for batch, count in zip(inputs, predicted, strict=True))
+    (total / sum(predicted)).backward()
+    assert (torch.from_numpy(said[0][0]) - _gradient(objective)).abs().max().item() < 1e-6
 
 
 def test_the_micro_batches_of_a_step_are_masked_as_their_whole_batch():

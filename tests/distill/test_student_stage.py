@@ -93,24 +93,29 @@ def test_a_student_is_scored_on_dev_text_as_its_bundle_serves_it(smoke_run, monk
 
 
 class Trained(Exception):
-    """Raised by `trainer_spy` with the optimizer settings the stage would train with."""
+    """Raised once the stage has trained, with the training's progress."""
 
 
-def trainer_spy(objective, optim, *args):
-    raise Trained(optim)
-
-
-def test_a_baseline_takes_the_steps_of_its_student_over_a_transfer_set_a_batch_does_not_divide(tmp_path, monkeypatch):
+def test_a_baseline_trains_and_evaluates_at_the_steps_of_its_student_over_a_transfer_set_a_batch_does_not_divide(
+    tmp_path, monkeypatch
+):
     teacher = tiny_bert(tmp_path / "teacher", 2)
     optim = {"distill.students.cnn.optim.epochs": 2, "distill.students.cnn.optim.batch_size": 4}
+    # 20 train examples: the baseline's own epochs are 5 batches
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.train_limit": 20, "data.dev_limit": 10, **optim})
     manifests = {"teacher": SimpleNamespace(metrics={}), "transfer": SimpleNamespace(metrics={"sentences": 10})}
     folders = {"teacher": teacher, "transfer": tmp_path / "transfer"}
     inputs = Inputs(recipe, "hash", tmp_path / "work", False, manifests, folders, "key", tmp_path / "baseline-cnn")
-    monkeypatch.setattr(student_stage, "Trainer", trainer_spy)
+    fit = Trainer.fit
+
+    def fit_then_stop(self, *args, **kwargs):
+        raise Trained(fit(self, *args, **kwargs))
+
+    monkeypatch.setattr(Trainer, "fit", fit_then_stop)
     with pytest.raises(Trained) as trained:
         student_stage.build_stage(inputs, "cnn", True, None)
-    assert trained.value.args[0].max_steps == 6  # two epochs of the student's 3 batches (4, 4 and 2 sentences)
+    # at the end of each of the student's two epochs of 3 batches (4, 4 and 2 sentences)
+    assert [entry["step"] for entry in trained.value.args[0].history] == [3, 6]
 
 
 @pytest.mark.parametrize("name", STUDENTS)

@@ -748,3 +748,47 @@ def test_a_checkpoint_with_every_steps_loss_resumes_to_the_train_loss_of_an_unin
         _history(tmp_path / "crashed", crash_at=7)  # in the second epoch, after the checkpoint of step 6
     as_an_earlier_release_wrote_it(tmp_path / "crashed" / CHECKPOINT, losses[4:6])  # evaluated at step 4
     assert _history(tmp_path / "crashed") == _history(tmp_path / "straight")
+
+
+def _fit_in_epochs_of(tmp_path, epoch_steps: int | None):
+    """The progress of two epochs (`optim.epochs`) of a linear model over 2 batches of 4, with `epoch_steps`."""
+    cfg = OptimConfig(lr=0.1, batch_size=4, epochs=2, warmup_ratio=0.0)
+    trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
+    return trainer.fit(lambda epoch: [[0, 1, 2, 3], [4, 5, 6, 7]], lambda idx: (X[idx], Y[idx]), mse_crashing_at(None),
+                       lambda m: {"score": 0.0}, "score", lambda m, _: None, epoch_steps=epoch_steps)  # fmt: skip
+
+
+def test_epoch_steps_set_the_end_of_epoch_evaluations_whatever_the_epochs_of_batches(tmp_path):
+    assert [entry["step"] for entry in _fit_in_epochs_of(tmp_path, 3).history] == [3, 6]
+
+
+def test_epoch_steps_set_the_step_budget_of_the_epochs(tmp_path):
+    assert _fit_in_epochs_of(tmp_path, 3).global_step == 6
+
+
+def test_without_epoch_steps_an_epoch_is_its_batches(tmp_path):
+    assert [entry["step"] for entry in _fit_in_epochs_of(tmp_path, None).history] == [2, 4]
+
+
+def test_the_tracked_train_loss_after_an_evaluation_is_the_mean_over_the_last_10_steps(tmp_path, monkeypatch):
+    logged = {}
+
+    class Tracker:
+        def log(self, metrics, step):
+            logged.setdefault(step, {}).update(metrics)
+
+    monkeypatch.setattr(trainer_module.tracking, "active", Tracker)
+    cfg = OptimConfig(lr=0.1, batch_size=1, max_steps=10, warmup_ratio=0.0)
+    trainer = Trainer(torch.nn.Linear(1, 1, bias=False), cfg, tmp_path, "h", "test", CPU)
+    # the loss of step s is s (the input is 0); epochs of 7 batches: an evaluation at step 7, before the point at step 10
+    trainer.fit(lambda epoch: [[0]] * 7, lambda idx: torch.zeros(1, 1),
+                lambda m, batch: m(batch).sum() + trainer.progress.global_step + 1, lambda m: {"score": 0.0}, "score",
+                lambda m, _: None)  # fmt: skip
+    assert logged[10]["train/loss"] == pytest.approx(5.5)
+
+
+def test_a_rank_s_micro_batches_hold_every_example_it_runs_in_the_step(tmp_path):
+    trainer = Trainer(torch.nn.Linear(4, 1), OptimConfig(grad_accum=2), tmp_path, "h", "test", CPU)
+    trainer.rank, trainer.world_size = 1, 2  # rank 1 of 2: micro-batches 2 and 3 of 4
+    parts = trainer._micro_batches(list(range(10)))
+    assert [sorted(part.held) for part in parts] == [[2, 3, 6, 7]] * 2
