@@ -27,6 +27,7 @@ from edgedistill.common.bundle import Bundle, read_bundle
 from edgedistill.common.config.measure import ModelBenchConfig
 from edgedistill.common.config.training import Metric
 from edgedistill.common.console import Console
+from edgedistill.common.modelcard import TEACHER_ROW
 from edgedistill.common.recipe import RecipeError
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.stage import Built, Inputs
@@ -35,7 +36,6 @@ from edgedistill.distill.tokenization import encode, load_tokenizer
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import InvalidInput
 
-EAGER = "teacher-pytorch-eager"
 PAIR_WORD = "text"  # the words of the pairs that pair models are timed on
 
 Timings = dict[tuple[int, int], tuple[int, Timing]]  # (batch, length) -> the length timed at, timing
@@ -140,7 +140,7 @@ def _eager_row(
     model = heads.load_teacher(folder).eval().to(on)
     # a bundle is cut to its max_length, but the teacher in PyTorch reads every token of the cell
     heads.require_positions(model.config, max(cfg.seq_lens), "bench.models.seq_lens", f"the teacher {folder}")
-    name = EAGER if on.type == "cpu" else f"{EAGER}-{on.type}"
+    name = TEACHER_ROW if on.type == "cpu" else f"{TEACHER_ROW}-{on.type}"
     tokenizer = load_tokenizer(str(folder))
     names = heads.teacher_inputs(model.config, tokenizer)
 
@@ -271,7 +271,7 @@ def markdown(result: ModelTable) -> str:
 
 
 def print_table(result: ModelTable) -> None:
-    title = f"latency ms (median, speedup vs {EAGER}), {tables.counted(result.threads, 'thread')}"
+    title = f"latency ms (median, speedup vs {TEACHER_ROW}), {tables.counted(result.threads, 'thread')}"
     header = ["model", "prec", "MiB", *result.dev_columns(), *(cell.label for cell in result.rows[0].cells)]
     rows = [
         [r.model, r.precision, f"{r.size_bytes / 2**20:.1f}", *result.dev_figures(r)]

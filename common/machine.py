@@ -1,6 +1,6 @@
 """What of the machine this process may use: the CPUs of its affinity within its cgroup's CPU quota, and the memory
 within its cgroup's limit (a container's, a systemd unit's CPUQuota and MemoryMax), which `os.cpu_count()` and the
-runtimes' own defaults do not see."""
+runtimes' own defaults do not see; and whether it is the main process of a distributed run (`main_rank`)."""
 
 import os
 from pathlib import Path
@@ -86,3 +86,8 @@ def usable_memory(cgroup: Path = CGROUP, membership: Path = MEMBERSHIP, meminfo:
             if limit != "max" and int(limit) < sizes["MemTotal"]:
                 limits.append(int(limit))
     return min(limits) if limits else sizes["MemAvailable"]
+
+
+def main_rank() -> bool:
+    """Whether this process is rank 0 of a `torchrun` launch (`RANK`, its global rank), or runs alone."""
+    return os.environ.get("RANK", "0") == "0"

@@ -4,7 +4,7 @@ The teacher, each student and baseline, and each bundle get a card: task and lab
 model was made (teacher, distillation losses and temperature), its figures (dev and test metrics,
 retention against the teacher, size, parity of a bundle with its source, latency from the model
 benchmark's `bench.json` once it exists, while neither the model nor the teacher was built again since), and how to load or serve it. A card is derived, like the
-report: `common.stage` writes it when a model stage publishes, the report stage rewrites the card of every model of
+report: `common.stage` writes it when a model stage publishes (or is found current without one), the report stage rewrites the card of every model of
 the run that is of the recipe as it is now (`recipe_change`: the card draws labels, data and pooling from the recipe),
 and the manifest does not hash it (`manifest.CARD`).
 """
@@ -21,7 +21,7 @@ from edgedistill.common.recipe import Recipe, run_dir
 from huggingface_hub import ModelCard, ModelCardData
 
 BENCH_FILE = Path("bench") / "bench.json"  # the model benchmark (`bench.models`), when it has run
-TEACHER_ROW = "teacher-pytorch-eager"  # the teacher's row in bench.json
+TEACHER_ROW = "teacher-pytorch-eager"  # the teacher's row in bench.json, which `bench.models` names so
 METRICS = {"accuracy": "accuracy", "macro_f1": "f1", "f1": "f1"}  # recipe metric -> Hub metric id
 RUNTIMES = {  # a bundle's runtime -> its Hub library (and tag), and how a card's first line names it
     "onnxruntime": ("onnx", "An ONNX Runtime"),

@@ -52,6 +52,12 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def _number(value: float) -> str:
+    """A count or a rate as a status line shows it, never in e-notation: below 100 to three significant figures
+    (`3.21`, `60`), else whole with thousands separators (`30,864`, `1,234,567`)."""
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+
+
 class StatusLines:
     """The tqdm calls a stage makes (`update`, `set_postfix[_str]`, `close`, `n`), answered by one plain line on
     stderr at most every `every` seconds: `[desc] done/total unit (share), rate, elapsed, left, postfix`."""
@@ -88,10 +94,11 @@ class StatusLines:
         """The status line for the figures so far."""
         elapsed = self.clock() - self.started
         rate = (self.n - self.initial) / elapsed if elapsed > 0 else 0.0
-        parts = [f"{self.n:g}/{self.total:g} {self.unit}" if self.total else f"{self.n:g} {self.unit}"]
+        done = f"{_number(self.n)}/{_number(self.total)}" if self.total else _number(self.n)
+        parts = [f"{done} {self.unit}"]
         if self.total:
             parts[0] += f" ({self.n / self.total:.0%})"
-        parts.append(f"{rate:.3g} {self.unit}/s")
+        parts.append(f"{_number(rate)} {self.unit}/s")
         parts.append(f"{_clock(elapsed)} elapsed")
         if self.total and rate > 0:
             parts.append(f"{_clock((self.total - self.n) / rate)} left")

@@ -24,6 +24,7 @@ from typing import Any
 from edgedistill.common import locks, modelcard, tracking
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write, remove_orphans
+from edgedistill.common.machine import main_rank
 from edgedistill.common.recipe import Recipe, by_content, run_dir
 
 FORCED = "forced"  # in a scratch folder a forced run started: the key of the work it holds
@@ -135,7 +136,7 @@ def _wall_kept(inputs: Inputs, watch: mf.Stopwatch):
     try:
         yield
     except BaseException:
-        if inputs.work.is_dir() and _main_rank():
+        if inputs.work.is_dir() and main_rank():
             _take_earlier(inputs.work, inputs.work_key, watch)
             atomic_write(inputs.work / WALL, json.dumps({"work_key": inputs.work_key, "seconds": watch.seconds}))
         raise
@@ -151,11 +152,6 @@ def _removed_if_failed(inputs: Inputs):
         for work in inputs.throwaway:
             shutil.rmtree(work, ignore_errors=True)
         raise
-
-
-def _main_rank() -> bool:
-    """Whether this process is rank 0 of a `torchrun` launch (`RANK`, its global rank), or runs alone."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 def body(module: str, **kwargs) -> Callable[[Inputs], Built | None]:
@@ -304,7 +300,7 @@ class Stage:
         again), holding the stage's lock; None on a worker rank. Under torchrun rank 0 holds the lock for all ranks
         (`distill.dist.run_stage` lets every rank decide only once it does)."""
         self.parents_built()
-        with self.lock() if _main_rank() else contextlib.nullcontext():
+        with self.lock() if main_rank() else contextlib.nullcontext():
             return self.run_locked(force)
 
     def parents_built(self) -> None:
@@ -327,12 +323,12 @@ class Stage:
 
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
-        if _main_rank():
+        if main_rank():
             # what a publish killed half-way left, even where nothing is built now
             remove_orphans(self.folder, locked=True)
         stale = "--force" if force else self.staleness()
         if stale is None:
-            if _main_rank():  # every rank decides alike; one says so
+            if main_rank():  # every rank decides alike; one says so
                 self._say_current()
             return mf.load(self.folder, verify=False)
         if self.folder.is_symlink():  # before the build, which may take hours, fails only where it publishes
@@ -341,7 +337,7 @@ class Stage:
                 "puts a new folder in its place: link the run folder or the runs folder instead, or put the folder "
                 "itself there"
             )
-        if (self.folder / mf.MANIFEST).is_file() and _main_rank():
+        if (self.folder / mf.MANIFEST).is_file() and main_rank():
             print(f"[{self.name}] building again: {stale}")
         watch = mf.Stopwatch()
         if self.preflight is not None:
@@ -365,13 +361,17 @@ class Stage:
                     built.write(tmp)
                     manifest = self._publish(tmp, built, watch, parents)
             shutil.rmtree(self.work, ignore_errors=True)  # at once: a failure from here on leaves no work to resume
-            tracker.log_final(manifest.metrics)
+            tracker.log_final(manifest.metrics)  # `tracking.Guarded`: a failure warns, and fails no published stage
         modelcard.write(self.recipe, self.folder)  # a model's card, derived from the published manifest
         line = built.line(manifest) if callable(built.line) else built.line
         print(f"[{self.name}] {line}, wall {watch.seconds / 60:.1f} min -> {self.folder}")
         return manifest
 
     def _say_current(self) -> None:
+        """Say the artifact is current, and write the model card that a run stopped between publishing it and writing
+        the card (killed) left missing: the manifest does not hash the card, so the artifact is current without it."""
+        if not (self.folder / mf.CARD).is_file():
+            modelcard.write(self.recipe, self.folder)
         print(f"[{self.name}] up to date: {self.folder}")
 
     def _publish(self, tmp: Path, built: Built, watch: mf.Stopwatch, parents: dict[str, mf.Parent]) -> mf.Manifest:

@@ -8,16 +8,18 @@ needs a server:
   for its start (UTC) and the stage's config hash, e.g. `20261130T223512.345678Z-1a2b3c4d`: a stage built again
   (another setting, --force, a retry) is a run of its own beside the earlier ones, and a build resumed after a kill
   too, its curves going on from the step it resumed at;
-- `mlflow`: a SQLite store, `mlruns/mlflow.db` (MLflow's supported file-based store), one MLflow run per stage in
-  an experiment named after the recipe.
+- `mlflow`: a SQLite store, `mlruns/mlflow.db` (MLflow's supported file-based store), one MLflow run per build in
+  an experiment named after the recipe, named `<stage>-<build>` and tagged with the recipe, the stage and its config
+  hash.
 
 `Stage.run` opens a tracker around each build (`stage_run`) and logs the manifest's metrics when it publishes;
 the training loop logs its curves to `active()`. Only the main process of a distributed run tracks. The
-libraries are an optional extra: a recipe that asks for one that is missing fails when its stage starts.
+libraries are an optional extra: a recipe that asks for one that is missing fails when its stage starts. Tracking
+fails no build: a tracker that raises (a store locked or full, a disk error) prints one warning and tracks nothing
+more of that build (`Guarded`).
 """
 
 import importlib
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +27,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 
-from edgedistill.common import locks
+from edgedistill.common import locks, progress
+from edgedistill.common.machine import main_rank
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 
 INSTALL = "pip install 'edgedistill[tracking]'"
@@ -116,6 +119,45 @@ class MlflowTracker(Tracker):
         self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
 
 
+class Guarded(Tracker):
+    """The tracker of one build of `stage`, whose failures fail no build: the first prints one warning, after which
+    the build logs nothing more (each call might wait on a locked store), though its run is still closed."""
+
+    def __init__(self, stage: str, tracker: Tracker = NONE):
+        self.stage, self.tracker, self.failed = stage, tracker, False
+
+    @classmethod
+    def opened(cls, recipe: Recipe, stage: str, config_hash: str) -> "Guarded":
+        """`open_tracker`'s tracker; none where the store cannot be opened (one warning)."""
+        guarded = cls(stage)
+        guarded.tracker = guarded._call(open_tracker, recipe, stage, config_hash) or NONE
+        return guarded
+
+    def _call(self, call, *args):
+        try:
+            return call(*args)
+        except Exception as err:
+            if not self.failed:  # the first line: an SQL error goes on with its statement
+                reason = next(iter(str(err).splitlines()), "")
+                progress.write(
+                    f"[{self.stage}] warning: tracking failed, the stage goes on untracked: "
+                    f"{type(err).__name__}: {reason}"
+                )
+            self.failed = True
+            return None
+
+    def log(self, metrics: dict, step: int) -> None:
+        if not self.failed:
+            self._call(self.tracker.log, metrics, step)
+
+    def log_final(self, metrics: dict) -> None:
+        if not self.failed:
+            self._call(self.tracker.log_final, metrics)
+
+    def close(self, failed: bool) -> None:
+        self._call(self.tracker.close, failed)
+
+
 def require(backend: str) -> None:
     """Raise `TrackingUnavailable` naming the install command when `backend`'s library is missing."""
     for module in MODULES.get(backend, ()):
@@ -129,14 +171,16 @@ def require(backend: str) -> None:
 
 
 def open_tracker(recipe: Recipe, stage: str, config_hash: str) -> Tracker:
-    """The tracker for one build of `stage` (of the stage's `config_hash`) under the recipe's `tracking` backend."""
+    """The tracker for one build of `stage` (of the stage's `config_hash`) under the recipe's `tracking` backend: a
+    run of its own, named for the build's start (UTC) and the config hash."""
     require(recipe.tracking)
     folder = run_dir(recipe) / FOLDER
+    build = f"{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}-{config_hash[:8]}"
     if recipe.tracking == "tensorboard":
-        build = f"{datetime.now(UTC):%Y%m%dT%H%M%S.%fZ}-{config_hash[:8]}"
         return TensorBoardTracker(folder / "tensorboard" / stage / build)
     if recipe.tracking == "mlflow":
-        return MlflowTracker(folder / "mlruns", recipe.name, stage, {"recipe": recipe.name, "stage": stage})
+        tags = {"recipe": recipe.name, "stage": stage, "config_hash": config_hash}
+        return MlflowTracker(folder / "mlruns", recipe.name, f"{stage}-{build}", tags)
     return NONE
 
 
@@ -150,10 +194,11 @@ def active() -> Tracker:
 
 @contextmanager
 def stage_run(recipe: Recipe, stage: str, config_hash: str) -> Iterator[Tracker]:
-    """Make the tracker of a build of `stage` `active()` for the block; a worker rank of a distributed run tracks
-    nothing."""
-    main = os.environ.get("RANK", "0") == "0"  # torchrun's global rank; unset in a plain process
-    tracker = open_tracker(recipe, stage, config_hash) if main else NONE
+    """Make the tracker of a build of `stage` `active()` for the block, `Guarded`; a worker rank of a distributed run
+    tracks nothing. A backend whose library is missing raises `TrackingUnavailable`; a store that cannot be opened
+    warns, as `Guarded` does, and the build goes on untracked."""
+    require(recipe.tracking)
+    tracker = Guarded.opened(recipe, stage, config_hash) if main_rank() else NONE
     token = _active.set(tracker)
     failed = True
     try:

@@ -13,6 +13,7 @@ from edgedistill.common import runtime
 from edgedistill.common.bundle import read_bundle
 from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.config.measure import ModelBenchConfig
+from edgedistill.common.modelcard import TEACHER_ROW
 from edgedistill.common.recipe import RecipeError, load_recipe, parse_overrides
 from edgedistill.common.runtime import missing_here
 from edgedistill.common.stage import Inputs
@@ -139,7 +140,7 @@ def cut_table(tmp_path) -> ModelTable:
     folder = write_bundle(tmp_path / "bundle-short", metrics=metrics, max_length=16)
     cfg = ModelBenchConfig(batch_sizes=[1], seq_lens=[32], warmup=0, iterations=1, min_seconds=0, threads=1)
     bundle = models._bundle_row("short", folder, cfg, tqdm(disable=True), "accuracy")
-    teacher = {"model": models.EAGER, "precision": "fp32", "runtime": "pytorch (cpu)", "size_bytes": 1}
+    teacher = {"model": TEACHER_ROW, "precision": "fp32", "runtime": "pytorch (cpu)", "size_bytes": 1}
     teacher |= {"dev_accuracy": 1.0}
     timing = Timing(median_ms=4.0, min_ms=4.0, max_ms=4.0, calls=1)
     return models.table(1, [(teacher, {(1, 32): (32, timing)}), bundle], "accuracy")
@@ -214,7 +215,7 @@ def test_bench_json_ends_with_a_newline_as_every_result_file(monkeypatch, tmp_pa
     recipe = load_recipe(SMOKE)
     timing = Timing(median_ms=1.0, min_ms=1.0, max_ms=1.0, calls=5)
     row = {
-        "model": models.EAGER,
+        "model": TEACHER_ROW,
         "precision": "fp32",
         "runtime": "pytorch (cpu)",
         "size_bytes": 10,

@@ -115,3 +115,14 @@ def test_usable_cores_where_the_system_gives_no_affinity_are_every_cpu(tmp_path,
     monkeypatch.delattr(machine.os, "sched_getaffinity")  # as on macOS
     monkeypatch.setattr(machine.os, "cpu_count", lambda: 8)
     assert machine.usable_cores(write_cgroup(tmp_path, {})) == 8
+
+
+@pytest.mark.parametrize(("rank", "main"), [("0", True), ("1", False)])
+def test_only_rank_0_of_a_torchrun_launch_is_the_main_process(monkeypatch, rank, main):
+    monkeypatch.setenv("RANK", rank)
+    assert machine.main_rank() is main
+
+
+def test_a_process_run_alone_is_the_main_process(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert machine.main_rank()

@@ -67,6 +67,27 @@ def test_an_open_ended_count_has_no_share_or_time_left(clock, capsys):
     assert lines_of(capsys) == ["[label] 50 sent, 5 sent/s, 0:10 elapsed"]
 
 
+def test_a_count_past_a_million_is_whole_with_thousands_separators(clock, capsys):
+    counter = StatusLines(2_000_000, "read", "line", 0, every=40, clock=clock)
+    clock.now = 40
+    counter.update(1_234_567)
+    assert lines_of(capsys)[0].startswith("[read] 1,234,567/2,000,000 line (62%), ")
+
+
+def test_a_rate_past_a_thousand_per_second_is_whole_with_thousands_separators(clock, capsys):
+    counter = StatusLines(2_000_000, "read", "line", 0, every=40, clock=clock)
+    clock.now = 40
+    counter.update(1_234_567)
+    assert ", 30,864 line/s, " in capsys.readouterr().err
+
+
+def test_a_rate_below_a_hundred_per_second_keeps_three_figures(clock, capsys):
+    counter = StatusLines(None, "train", "step", 0, every=30, clock=clock)
+    clock.now = 30
+    counter.update(100)
+    assert ", 3.33 step/s, " in capsys.readouterr().err
+
+
 @pytest.fixture
 def logged(monkeypatch, capsys) -> str:
     """What a counter of three steps, 20 ms apart, writes where stderr is not a terminal, with lines every 10 ms."""

@@ -1,6 +1,9 @@
 """The stage contract: skip when current, rebuild on a change here or upstream, verify parents, publish whole."""
 
+import contextlib
+import io
 import os
+import re
 import shutil
 import sys
 import time
@@ -10,7 +13,7 @@ from pathlib import Path
 import pytest
 from edgedistill.common import atomic, tracking
 from edgedistill.common import manifest as mf
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.stage import FORCED, Artifact, Built, Stage, body, skip_all
 
 from tests.common.test_atomic import gone_pid
@@ -522,9 +525,97 @@ def test_the_work_folder_is_removed_before_the_tracker_records_the_published_met
 
     monkeypatch.setattr(tracking, "open_tracker", lambda recipe, stage, config_hash: _FailingTracker())
     stage = Stage("up", recipe(), ("data",), build)
-    with pytest.raises(OSError, match="tracking store unreachable"):
-        stage.run(force=True)
+    stage.run(force=True)
     assert not stage.work.exists()
+
+
+def broken_store(recipe) -> None:
+    """Overwrite the recipe's MLflow store in place, as a disk error would: every call on it then fails."""
+    store = run_dir(recipe) / tracking.FOLDER / "mlruns" / "mlflow.db"
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_bytes(b"not a database" * 1000)
+
+
+def model_breaking_the_store(inputs) -> Built:
+    """A model's build body that breaks the tracking store as it writes the artifact: the store fails from then on,
+    once the artifact is published too."""
+
+    def write(folder):
+        (folder / "model.safetensors").write_text("x")
+        broken_store(inputs.recipe)
+
+    return Built(write, metrics={"dev_accuracy": 0.9}, line="dev_accuracy=0.9")
+
+
+@pytest.fixture(scope="module")
+def store_broken_after_publish(tmp_path_factory) -> dict:
+    """A teacher built with `tracking: mlflow` whose store broke before it published: its config hash, its folder,
+    what its run returned and what it printed."""
+    runs = tmp_path_factory.mktemp("broken-store")
+    (runs / "r.yaml").write_text(RECIPE)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("EDGEDISTILL_RUNS_DIR", str(runs / "runs"))
+        recipe = load_recipe(runs / "r.yaml", {"tracking": "mlflow"})
+        stage = Stage("teacher", recipe, ("data",), model_breaking_the_store)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            manifest = stage.run()
+        return {"config_hash": stage.config_hash, "folder": stage.folder, "manifest": manifest, "out": out.getvalue()}
+
+
+def test_a_tracking_store_failing_after_publish_fails_no_stage(store_broken_after_publish):
+    built = store_broken_after_publish
+    assert built["manifest"].config_hash == built["config_hash"]
+
+
+def test_a_tracking_store_failing_after_publish_says_so_in_one_warning(store_broken_after_publish):
+    warned = [line for line in store_broken_after_publish["out"].splitlines() if "warning" in line]
+    assert warned == [
+        "[teacher] warning: tracking failed, the stage goes on untracked: "
+        "MlflowException: (sqlite3.DatabaseError) file is not a database"
+    ]
+
+
+def test_a_tracking_store_failing_after_publish_leaves_the_model_its_card(store_broken_after_publish):
+    assert (store_broken_after_publish["folder"] / mf.CARD).is_file()
+
+
+def test_a_tracking_store_failing_after_publish_leaves_the_stages_summary_line(store_broken_after_publish):
+    built = store_broken_after_publish
+    summary = rf"^\[teacher\] dev_accuracy=0\.9, wall [\d.]+ min -> {re.escape(str(built['folder']))}$"
+    assert re.search(summary, built["out"], re.MULTILINE)
+
+
+def test_a_tracking_store_that_cannot_be_opened_fails_no_build(recipe, capsys):
+    chosen = recipe(tracking="mlflow")
+    broken_store(chosen)
+    stage = Stage("up", chosen, ("data",), writer("a.txt"))
+    stage.run()
+    assert stage.is_current()
+
+
+def test_a_tracking_store_that_cannot_be_opened_says_so(recipe, capsys):
+    chosen = recipe(tracking="mlflow")
+    broken_store(chosen)
+    Stage("up", chosen, ("data",), writer("a.txt")).run()
+    assert "[up] warning: tracking failed, the stage goes on untracked: " in capsys.readouterr().out
+
+
+def test_an_up_to_date_model_whose_card_is_missing_gets_it(recipe):
+    # a run killed between publishing the model and writing its card: the manifest does not hash the card
+    stage = Stage("teacher", recipe(), ("data",), writer("model.safetensors"))
+    stage.run()
+    (stage.folder / mf.CARD).unlink()
+    stage.run()
+    assert (stage.folder / mf.CARD).is_file()
+
+
+def test_an_up_to_date_model_whose_card_is_missing_gets_it_when_a_command_skips_it(recipe):
+    stage = Stage("teacher", recipe(), ("data",), writer("model.safetensors"))
+    stage.run()
+    (stage.folder / mf.CARD).unlink()
+    skip_all([stage])
+    assert (stage.folder / mf.CARD).is_file()
 
 
 def failing_after(work: str):

@@ -1,12 +1,14 @@
 """Experiment tracking: a training stage's curves and final metrics in TensorBoard event files and an MLflow store,
 nothing for `tracking: none`, and a clear error when the recipe's backend is not installed."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from edgedistill.common import manifest as mf
 from edgedistill.common import tracking
 from edgedistill.common.config.training import OptimConfig, RuntimeConfig
 from edgedistill.common.recipe import load_recipe, run_dir
@@ -101,32 +103,59 @@ def test_each_build_of_a_stage_is_a_tensorboard_run_of_its_own(recipe):
 
 @pytest.fixture(scope="module")
 def mlflow_runs(tmp_path_factory):
-    """The MLflow client on the store of `tracked` with `tracking: mlflow`, and its runs by name."""
+    """The MLflow client on the store of `tracked` with `tracking: mlflow`, its runs by stage, and the run folder."""
     from mlflow.tracking import MlflowClient
 
     runs = tracked(tmp_path_factory.mktemp("mlflow"), "mlflow")
     client = MlflowClient(tracking_uri=f"sqlite:///{runs / 'tracking' / 'mlruns' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(runs.name)
-    return client, {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
+    return client, {run.data.tags["stage"]: run for run in client.search_runs([experiment.experiment_id])}, runs
 
 
-def test_mlflow_holds_a_finished_run_named_after_the_stage(mlflow_runs):
-    _, runs = mlflow_runs
+def test_mlflow_holds_a_finished_run_of_the_stage(mlflow_runs):
+    _, runs, _ = mlflow_runs
     assert runs["tiny"].info.status == "FINISHED"
 
 
+def test_an_mlflow_run_is_tagged_with_the_config_hash_of_the_artifact_it_built(mlflow_runs):
+    _, runs, folder = mlflow_runs
+    assert runs["tiny"].data.tags["config_hash"] == mf.load(folder / "tiny", verify=False).config_hash
+
+
+def test_an_mlflow_run_is_tagged_with_its_recipe(mlflow_runs):
+    _, runs, _ = mlflow_runs
+    assert runs["tiny"].data.tags["recipe"] == "r"
+
+
+def test_an_mlflow_run_is_named_for_its_stage_start_and_config_hash(mlflow_runs):
+    _, runs, _ = mlflow_runs
+    run = runs["tiny"]
+    assert re.fullmatch(rf"tiny-\d{{8}}T\d{{6}}\.\d{{6}}Z-{run.data.tags['config_hash'][:8]}", run.info.run_name)
+
+
+def test_each_build_of_a_stage_is_an_mlflow_run_of_its_own_name(recipe):
+    from mlflow.tracking import MlflowClient
+
+    chosen = recipe("mlflow")
+    Stage("tiny", chosen, ("data",), train).run()
+    Stage("tiny", chosen, ("data",), train).run(force=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir(chosen) / 'tracking' / 'mlruns' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("r").experiment_id])
+    assert len({run.info.run_name for run in runs}) == 2
+
+
 def test_a_failed_build_is_a_failed_mlflow_run(mlflow_runs):
-    _, runs = mlflow_runs
+    _, runs, _ = mlflow_runs
     assert runs["broken"].info.status == "FAILED"
 
 
 def test_mlflow_holds_the_training_loss_curve(mlflow_runs):
-    client, runs = mlflow_runs
+    client, runs, _ = mlflow_runs
     assert [m.step for m in client.get_metric_history(runs["tiny"].info.run_id, "train/loss")] == [LOG_EVERY, STEPS]
 
 
 def test_mlflow_holds_the_published_metrics(mlflow_runs):
-    _, runs = mlflow_runs
+    _, runs, _ = mlflow_runs
     assert runs["tiny"].data.metrics["steps"] == STEPS
 
 
@@ -167,6 +196,53 @@ def test_processes_opening_a_new_mlflow_store_at_once_all_succeed(opened_at_once
 def test_processes_opening_a_new_mlflow_store_at_once_each_finish_a_run(opened_at_once):
     _, names = opened_at_once
     assert names == [f"student-{i}" for i in range(AT_ONCE)]
+
+
+class FailingTracker(tracking.Tracker):
+    """A tracker whose store fails every call: the calls it was given, by name."""
+
+    def __init__(self):
+        self.calls = []
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.calls.append("log")
+        raise OSError("disk full")
+
+    def close(self, failed: bool) -> None:
+        self.calls.append("close")
+        raise OSError("disk full")
+
+
+def test_a_tracker_that_failed_logs_nothing_more_of_the_build():
+    failing = FailingTracker()
+    guarded = tracking.Guarded("tiny", failing)
+    guarded.log({"loss": 1.0}, 10)
+    guarded.log({"loss": 0.5}, 20)
+    assert failing.calls == ["log"]
+
+
+def test_a_tracker_that_failed_still_closes_its_run():
+    failing = FailingTracker()
+    guarded = tracking.Guarded("tiny", failing)
+    guarded.log({"loss": 1.0}, 10)
+    guarded.close(False)
+    assert failing.calls == ["log", "close"]
+
+
+def test_a_tracker_that_fails_warns_once(capsys):
+    guarded = tracking.Guarded("tiny", FailingTracker())
+    guarded.log({"loss": 1.0}, 10)
+    guarded.close(False)
+    assert (
+        capsys.readouterr().out == "[tiny] warning: tracking failed, the stage goes on untracked: OSError: disk full\n"
+    )
+
+
+def test_a_tracker_failing_in_training_fails_no_build(recipe, monkeypatch):
+    monkeypatch.setattr(tracking, "open_tracker", lambda recipe, stage, config_hash: FailingTracker())
+    chosen = recipe("mlflow")
+    Stage("tiny", chosen, ("data",), train).run()
+    assert (run_dir(chosen) / "tiny" / "a.txt").is_file()
 
 
 def test_tracking_none_writes_no_tracking_folder(recipe):
