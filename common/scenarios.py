@@ -54,7 +54,8 @@ def scenario_weights(overrides: dict[str, object], profile: str, option: str | N
     if weights is None:
         return None
     flag = option is not None
+    name = settings.env_name(SCENARIOS_VAR)  # the old name, where the weights were set under it
     if key := scenarios_override(overrides, profile):
-        given_as = f"--scenarios {option!r}" if flag else f"${SCENARIOS_VAR}={variable!r}"
+        given_as = f"--scenarios {option!r}" if flag else f"${name}={variable!r}"
         raise ValueError(f"--{key} would do nothing: {given_as} gives the weights instead; give one of them")
-    return parse_scenarios(weights, "--scenarios" if flag else SCENARIOS_VAR)
+    return parse_scenarios(weights, "--scenarios" if flag else name)

@@ -157,15 +157,19 @@ def warn_renamed(old: str, new: str) -> None:
     warnings.warn(message, FutureWarning, stacklevel=3)  # the line that called `env`
 
 
+def env_name(name: str) -> str:
+    """The variable that `env(name)` reads: `name`, else its old name where only that is set (to a non-empty value),
+    which an error about the value must name: the user never set `name`."""
+    old = RENAMED.get(name)
+    return old if old and not os.environ.get(name) and os.environ.get(old) else name
+
+
 def env(name: str) -> str | None:
     """The variable `name`, else its old name (with a warning); None when neither is set to a non-empty value."""
-    if os.environ.get(name):
-        return os.environ[name]
-    old = RENAMED.get(name)
-    if old is None or not os.environ.get(old):
-        return None
-    warn_renamed(old, name)
-    return os.environ[old]
+    read = env_name(name)
+    if read != name:
+        warn_renamed(read, name)
+    return os.environ.get(read) or None
 
 
 def _first_existing(local: Path, fallback: str) -> str:
@@ -251,8 +255,8 @@ def threads() -> int:
     transfer set: `EDGEDISTILL_TORCH_THREADS`, else the first entry of `OMP_NUM_THREADS`, else every usable core (the
     affinity within a cgroup's CPU quota, `common.machine.usable_cores`). The model benchmark takes its recipe's
     `bench.models.threads` instead, and the export checks a fixed two."""
-    name = "EDGEDISTILL_TORCH_THREADS"
-    value = env(name)
+    name = env_name("EDGEDISTILL_TORCH_THREADS")
+    value = env("EDGEDISTILL_TORCH_THREADS")
     if value is None and os.environ.get("OMP_NUM_THREADS"):
         name, value = "OMP_NUM_THREADS", os.environ["OMP_NUM_THREADS"].split(",")[0]
     if value is None:

@@ -39,6 +39,22 @@ def test_weights_of_the_variable_that_do_not_parse_are_refused_naming_the_variab
         scenarios.scenario_weights({}, "smoke")
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_weights_under_the_old_name_that_do_not_parse_are_refused_naming_the_old_name(monkeypatch):
+    monkeypatch.delenv("EDGEDISTILL_LOADTEST_SCENARIOS", raising=False)
+    monkeypatch.setenv("LOADTEST_SCENARIOS", "single=1;batch=1")
+    with pytest.raises(ValueError, match=r"^LOADTEST_SCENARIOS: scenario weight "):
+        scenarios.scenario_weights({}, "smoke")
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_weights_under_the_old_name_beside_an_override_are_refused_naming_the_old_name(monkeypatch):
+    monkeypatch.delenv("EDGEDISTILL_LOADTEST_SCENARIOS", raising=False)
+    monkeypatch.setenv("LOADTEST_SCENARIOS", "batch=1")
+    with pytest.raises(ValueError, match=r"\$LOADTEST_SCENARIOS='batch=1' gives the weights"):
+        scenarios.scenario_weights({"loadtest.smoke.scenarios.single": 1}, "smoke")
+
+
 def test_the_option_gives_the_weights_over_the_variable(monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_LOADTEST_SCENARIOS", "batch=1")
     assert scenarios.scenario_weights({}, "smoke", "single=2") == {"single": 2}

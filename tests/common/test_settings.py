@@ -138,6 +138,27 @@ def test_a_bad_thread_count_names_the_variable(monkeypatch):
         settings.threads()
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_a_bad_thread_count_under_the_old_name_names_the_old_name(monkeypatch):
+    monkeypatch.setenv("TORCH_THREADS", "many")
+    with pytest.raises(ValueError, match="^TORCH_THREADS='many'"):
+        settings.threads()
+
+
+@pytest.mark.parametrize(("new", "old"), list(settings.RENAMED.items()))
+def test_the_variable_read_is_the_old_name_where_only_it_is_set(monkeypatch, new, old):
+    monkeypatch.delenv(new, raising=False)
+    monkeypatch.setenv(old, "7")
+    assert settings.env_name(new) == old
+
+
+@pytest.mark.parametrize(("new", "old"), list(settings.RENAMED.items()))
+def test_the_variable_read_is_the_new_name_where_both_are_set(monkeypatch, new, old):
+    monkeypatch.setenv(new, "7")
+    monkeypatch.setenv(old, "8")
+    assert settings.env_name(new) == new
+
+
 @pytest.mark.parametrize("name", sorted(settings.PIPELINE))
 def test_the_server_accepts_the_pipeline_variables(name):
     assert load_settings([], environ={name: "1"}).port == 50051
