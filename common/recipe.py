@@ -1086,7 +1086,7 @@ def run_dir(recipe: Recipe) -> Path:
     runs = Path(settings.defaults()["EDGEDISTILL_RUNS_DIR"])
     if (file := file_in_the_way(runs)) is not None:
         raise settings.SettingError(
-            f"EDGEDISTILL_RUNS_DIR {runs}: {file} is a file, not a folder: name the folder the runs go in (made where "
+            f"{settings.env_name('EDGEDISTILL_RUNS_DIR')} {runs}: {file} is a file, not a folder: name the folder the runs go in (made where "
             "missing)"
         )
     return runs / recipe.name

@@ -2072,6 +2072,14 @@ def test_a_runs_folder_a_file_stands_in_the_way_of_is_a_setting_error(tmp_path, 
         run_dir(load_recipe("smoke"))
 
 
+def test_a_runs_folder_a_file_stands_in_the_way_of_under_the_old_name_names_the_old_name(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.delenv("EDGEDISTILL_RUNS_DIR", raising=False)
+    monkeypatch.setenv("RUNS_DIR", str(tmp_path / "file" / "runs"))
+    with pytest.raises(SettingError, match=r"^RUNS_DIR .*file is a file, not a folder"):
+        run_dir(load_recipe("smoke"))
+
+
 def test_a_deployed_bundle_not_among_the_bundles_is_answered_with_the_nearest():
     with pytest.raises(RecipeError, match=r"export\.deploy=bilstm-int9 is not one of .*: did you mean bilstm-int8\? "):
         load_recipe("smoke", {"export.deploy": "bilstm-int9"})
