@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal, Self
 
 from edgedistill.common import manifest as mf
+from edgedistill.common.providers import known_providers
 from edgedistill.common.segments import PairSegments
 from edgedistill.common.textstyle import Style
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -117,6 +118,12 @@ class BundleSpec(ServedModel):
         "model was trained; left out of the manifest when `token_types`, which every bundle built before it had",
         exclude_if=lambda rule: rule == "token_types",
     )
+
+    @model_validator(mode="after")
+    def _providers_onnx_runtime_knows(self):
+        if self.runtime == "onnxruntime":
+            known_providers(self.providers)  # ValueError for a name ONNX Runtime has in no build, or one it would skip
+        return self
 
     @model_validator(mode="after")
     def _model_file_of_its_runtime(self):

@@ -134,6 +134,7 @@ REJECTED = {  # cases the fuzzing found, each once an error from deep inside: (c
     "a max_length over 2**64": (lambda m: m["info"]["bundle"].update(max_length=2**64), "max_length"),
     "a max_length of 2**31": (lambda m: m["info"]["bundle"].update(max_length=2**31), "max_length"),
     "no providers": (lambda m: m["info"]["bundle"].update(providers=[]), "providers"),
+    "a provider ONNX Runtime has in no build": (lambda m: m["info"]["bundle"].update(providers=["Nope"]), "'Nope'"),
 }
 
 
