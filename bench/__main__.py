@@ -62,8 +62,9 @@ def run_serving(recipe, args) -> int:
         ]
         if given:
             raise BenchError(
-                f"the deployed {bundle.name} is a cascade, which `edgedistill bench cascade` measures on the recipe's "
-                f"dev split against its own targets: {' and '.join(given)} would do nothing here; drop "
+                f"the deployed {bundle.name} is a cascade, which `edgedistill bench cascade` measures against its "
+                "last member served alone, on the recipe's dev split and with no targets to check: "
+                f"{' and '.join(given)} would do nothing here; drop "
                 f"{'them' if len(given) > 1 else 'it'}, or give --bundle a single bundle"
             )
         print(

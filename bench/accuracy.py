@@ -3,15 +3,17 @@ predictions and figure.
 
 `python -m bench accuracy RECIPE [--bundle DIR] [--check]` runs the bundle (or cascade) in this process on every dev
 example (with its pair, for a pair task; cut to `dev_limit`), through the server's own tokenizer and model runtime
-(`common.runtime`, as the export stage opened it) without gRPC or the batcher: the bundle's own predictions. It
-then starts the server on the bundle (`python -m serve` on loopback, supervised as in the serving benchmark), sends
-the same examples through `Classify` and through KServe `ModelInfer` (BYTES `text` and `text_pair`) in calls of the
-server's `MAX_TEXTS`, and checks per API that no served prediction differs from the bundle's own on the same example
-(but at a near-tie, where the served label's logit is within `export.tie_margin` of the bundle's top: padding may
-flip it). A bundle that quantizes its activations per batch (dynamic INT8, or a cascade with such a member) gives a
-text other logits beside other texts, and the server groups texts by length as its cost model decides: for it the
-check also runs its dev examples in calls of 8 texts and of 1, and the largest change between the groupings of the
-gap between two logits of a text (`grouping_margin`) widens the near-tie margin where it is the wider.
+(`common.runtime`, as the export stage opened it) without gRPC or the batcher: the bundle's own predictions. It then
+starts the server on the bundle (`python -m serve` on loopback, supervised as in the serving benchmark), sends the
+same examples through `Classify` and through KServe `ModelInfer` (BYTES `text` and `text_pair`) in calls of the
+server's `MAX_TEXTS` (a dev example that the bundle, or a member, reads as nothing refused before anything runs:
+`bench.serving.check_readable`), and checks per API that no served prediction differs from the bundle's own on the
+same example (but at a near-tie, where the served label's logit is within `export.tie_margin` of the bundle's top:
+padding may flip it). A bundle that quantizes its activations per batch (dynamic INT8, or a cascade with such a
+member) gives a text other logits beside other texts, and the server groups texts by length as its cost model
+decides: for it the check also runs its dev examples in calls of 8 texts and of 1, and the largest change between
+the groupings of the gap between two logits of a text (`grouping_margin`) widens the near-tie margin where it is the
+wider.
 
 The counts of correct predictions are checked as a chain, exact but at near-ties: the bundle's own against the
 `dev_accuracy` in the bundle's manifest, which the export stage measured on the same examples tokenized by the
@@ -34,10 +36,12 @@ from edgedistill.bench.environ import measured_server, served_settings
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import running
 from edgedistill.bench.records import Record, Result
+from edgedistill.bench.serving import check_readable
 from edgedistill.bench.tables import markdown_results, print_results
 from edgedistill.bench.texts import check_kind, dev_split, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, progress, tables
+from edgedistill.common.bundle import load_bundle
 from edgedistill.common.cascade import describe, is_cascade, load_cascade, load_served, route
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.console import Console
@@ -50,7 +54,7 @@ from pydantic import Field
 
 STAGE = measured.ACCURACY
 RESULT_FILE = "accuracy.json"
-RESULT_VERSION = 4  # of accuracy.json: a result of another version is measured again, not read
+RESULT_VERSION = 5  # of accuracy.json: a result of another version is measured again, not read
 APIS = {"classify": "Classify", "kserve": "KServe ModelInfer"}  # result key -> table name
 GROUPINGS = (8, 1)  # texts per call, beside the server's MAX_TEXTS, that show how batch-mates move a dynamic INT8 model
 
@@ -63,7 +67,6 @@ class Counted(Record):
 
 
 class ApiAccuracy(Counted):
-    matches_bundle: bool = Field(description="as many correct predictions as the bundle's dev_accuracy says")
     differing: int = Field(description="examples whose served prediction differs from the bundle's own")
     tie_flips: int = Field(
         description="of those, the near-ties: the served label's logit within the near-tie margin of the bundle's top"
@@ -203,11 +206,9 @@ def own_accuracy(gold: list[int], reference: np.ndarray, tie_margin: float, expe
     )
 
 
-def compare(
-    served: list[int], gold: list[int], reference: np.ndarray, tie_margin: float, expected: float
-) -> ApiAccuracy:
-    """One API's figures: its `served` predictions against the `gold` labels, the bundle's own predictions (the
-    argmax of its `reference` logits, (N, labels)) and the bundle's dev accuracy `expected`."""
+def compare(served: list[int], gold: list[int], reference: np.ndarray, tie_margin: float) -> ApiAccuracy:
+    """One API's figures: its `served` predictions against the `gold` labels and the bundle's own predictions (the
+    argmax of its `reference` logits, (N, labels))."""
     count = len(gold)
     correct = sum(p == g for p, g in zip(served, gold, strict=True))
     own = reference.argmax(-1)
@@ -216,7 +217,6 @@ def compare(
     return ApiAccuracy(
         correct=correct,
         accuracy=correct / count,
-        matches_bundle=correct == correct_count(expected, count),
         differing=int(differ.sum()),
         tie_flips=ties,
         same_predictions=int(differ.sum()) == ties,
@@ -286,6 +286,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         raise BenchError(f"{bundle.folder}: the manifest has no dev_accuracy to compare with (rebuild the bundle)")
     examples = dev_split(inputs.recipe.data)
     check_kind(examples, bundle.pairs)
+    check_readable([load_bundle(folder) for folder in _bundles(bundle.folder)], examples)
     flags, settings = measured_server(bundle.folder, threads=0)
     members = member_logits(bundle.folder, examples, settings.max_texts)
     reference = routed(bundle.folder, members)
@@ -306,7 +307,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         sent.close()
     count = len(examples)
     own = own_accuracy(examples.labels, reference, margin, correct_count(expected, count))
-    apis = {api: compare(labels, examples.labels, reference, margin, expected) for api, labels in predicted.items()}
+    apis = {api: compare(labels, examples.labels, reference, margin) for api, labels in predicted.items()}
     result = AccuracyResult(
         bundle={"path": str(bundle.folder)} | bundle.description,
         texts=texts_info(examples),

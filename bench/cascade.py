@@ -4,7 +4,8 @@
 settings as `bench serving`): on the cascade folder and on its last member's bundle. Interleaved, for
 `bench.serving.repeats` rounds, the two in an order rotated each round (`bench.drivers.rotated`): capacity
 (single-text `Classify` calls from `concurrency` callers for `duration_s`) and the paced phase (one call at a time
-at `rate` calls/s). The texts are the recipe's dev split (pairs for a pair task), shuffled. Writes
+at `rate` calls/s). The texts are the recipe's dev split (pairs for a pair task), shuffled; one that a member reads
+as nothing is refused before the servers start (`bench.serving.check_readable`). Writes
 `runs/<recipe>/serve-cascade-<name>/cascade.json` and `cascade.md`; capacity is texts/s, medians with min/max over
 the rounds, and the share of the cascade's answers (after warm-up) that its first member escalated, beside the share
 the cascade's own routing escalates of the same texts, each counted as often as it was sent (the first member run
@@ -27,9 +28,9 @@ from edgedistill.bench.environ import call_metadata, measured_server, served_set
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.bench.processes import running
 from edgedistill.bench.records import Result, Spread, cores_phrase, machine
-from edgedistill.bench.serving import WARMUP_S, classify_requests
-from edgedistill.bench.stats import summarize
-from edgedistill.bench.tables import record_line
+from edgedistill.bench.serving import WARMUP_S, check_readable, classify_requests
+from edgedistill.bench.stats import pooled, summarize
+from edgedistill.bench.tables import record_line, spread_cell
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
 from edgedistill.common import progress
@@ -153,6 +154,7 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
     cascade = load_cascade(folders["cascade"])
     refuse_another_last(cascade, folders["last"])
     examples = load_texts(recipe.data, cascade.spec.pairs, None, None)
+    check_readable(cascade.members, examples)
     singles = classify_requests(examples, 1)
     runs: dict[str, dict[str, list]] = {model: {phase: [] for phase in PHASES} for model in folders}
     async with AsyncExitStack() as stack:
@@ -176,23 +178,13 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
                 }
                 for phase, load in loads.items():
                     offered = cfg.rate if phase == "paced" else None
-                    record = await drivers.measure(load, 1, servers[model], offered)
+                    what = f"repeat {repeat}/{cfg.repeats} {model} {phase}"
+                    record = await drivers.measure(load, 1, servers[model], offered, what)
                     runs[model][phase].append(record)
-                    line = f"repeat {repeat}/{cfg.repeats} {model} {phase}: {record_line(record)}"
-                    rounds.set_postfix_str(line, refresh=False)
+                    rounds.set_postfix_str(f"{what}: {record_line(record)}", refresh=False)
                     rounds.update()
         rounds.close()
     return runs
-
-
-def failed_calls(phases: dict[str, list[dict]]) -> int:
-    """A model's failed calls over every phase and round (`phases`: phase -> its rounds' records)."""
-    return sum(record["failures"] for records in phases.values() for record in records)
-
-
-def _spread(summary: dict, figure: str) -> str:
-    s = summary[figure]
-    return f"{s.median:.1f} ({s.min:.1f}-{s.max:.1f})"
 
 
 def _build(inputs: Inputs, console: Console) -> Built:
@@ -202,7 +194,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
     load_before = os.getloadavg()
     answers: Counter = Counter()
     runs = asyncio.run(_measure(recipe, folders, work, answers))
-    ran_on = machine(load_before)
+    ran_on = machine(load_before, versions=mf.package_versions())
     summary = {
         model: {phase: summarize(records) for phase, records in phases.items()} for model, phases in runs.items()
     }
@@ -225,11 +217,10 @@ def _build(inputs: Inputs, console: Console) -> Built:
     for model in folders:
         s, paced = summary[model], runs[model]["paced"]
         late, unsent = (sum(record[key] for record in paced) for key in ("late_calls", "unsent_calls"))
-        lines.append(
-            f"| {names[model]} | {_spread(s['capacity'], 'texts_per_s')} | {_spread(s['paced'], 'p50_ms')} | "
-            f"{_spread(s['paced'], 'p99_ms')} | {_spread(s['paced'], 'p99_from_due_ms')} | {late} / {unsent} | "
-            f"{failed_calls(runs[model])} |"
-        )
+        failed = pooled([record for records in runs[model].values() for record in records])["failures"]
+        cells = [spread_cell(s["capacity"]["texts_per_s"], 0)]
+        cells += [spread_cell(s["paced"][figure], 2) for figure in ("p50_ms", "p99_ms", "p99_from_due_ms")]
+        lines.append(f"| {names[model]} | {' | '.join(cells)} | {late} / {unsent} | {failed} |")
     cascade = mf.load(folders["cascade"], verify=False)
     first = cascade.info["cascade"]["members"][0]["bundle"]
     answered_by: Counter = Counter()

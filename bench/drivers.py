@@ -1,14 +1,16 @@
 """Load drivers of the serving benchmark: gRPC calls from asyncio tasks, paced or saturating, and a backend
-called in a loop; each returns a `Tally`, and `measure` turns one into figures with the CPU it cost. `rotated` is
-the order of each repeat's phases, in every benchmark that repeats several."""
+called in a loop in a thread of its own; each returns a `Tally`, and `measure` turns one into figures with the CPU
+it cost. `rotated` is the order of each repeat's phases, in every benchmark that repeats several."""
 
 import asyncio
 import functools
 import itertools
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -125,16 +127,34 @@ async def saturate(classify, requests: list, concurrency: int, duration: float) 
     return tally
 
 
-def infer_for(backend, batches: list[dict[str, np.ndarray]], duration: float) -> Tally:
-    """Run the backend on `batches` in turn for `duration` seconds."""
+def infer_for(
+    backend, batches: list[dict[str, np.ndarray]], duration: float, stop: threading.Event | None = None
+) -> Tally:
+    """Run the backend on `batches` in turn for `duration` seconds, or until `stop` is set."""
     tally = Tally()
     end = time.perf_counter() + duration
     for i in itertools.count():
-        if time.perf_counter() >= end:
+        if time.perf_counter() >= end or stop is not None and stop.is_set():
             return tally
         start = time.perf_counter()
         backend.infer(batches[i % len(batches)])
         tally.latencies.append(time.perf_counter() - start)
+
+
+def infer_in_thread(
+    stack: AsyncExitStack, backend, batches: list[dict[str, np.ndarray]], duration: float
+) -> Callable[[], Awaitable[Tally]]:
+    """`infer_for` as a load, run in a thread of its own that closing `stack` stops and waits for: a cancelled task
+    (Ctrl-C) leaves its thread calling the backend, so `stack` must close the backend after this, by a callback
+    entered before."""
+    stop = threading.Event()
+    thread = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="infer"))
+    stack.callback(stop.set)
+
+    async def load() -> Tally:
+        return await asyncio.get_running_loop().run_in_executor(thread, infer_for, backend, batches, duration, stop)
+
+    return load
 
 
 async def measure(

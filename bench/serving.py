@@ -3,7 +3,8 @@
 One run starts the server (`python -m serve`) and the two baseline servers of `bench.servers` as
 subprocesses on loopback and drives them from this process with grpc.aio tasks (`bench.drivers`).
 The texts are the recipe's dev split (with their pairs, for a pair model) unless a file is given
-(`bench.texts`); "single-text" below means one example per call, a text and its pair for a pair model.
+(`bench.texts`); one the bundle reads as nothing is refused before anything starts (`check_readable`).
+"single-text" below means one example per call, a text and its pair for a pair model.
 Each repeat measures, in an order rotated by one phase each repeat (`bench.drivers.rotated`):
 
 - paced: single-text `Classify` calls, one at a time, paced at `rate` for `duration_s`: latency, achieved rate;
@@ -47,7 +48,7 @@ from edgedistill.bench.tables import (
     target_rows,
     threads_phrase,
 )
-from edgedistill.bench.texts import PairsFile, hashed_path, load_groups, load_texts, texts_info
+from edgedistill.bench.texts import PairsFile, hashed_path, load_groups, load_texts, stdin_for, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, progress
 from edgedistill.common.bundle import Bundle, load_bundle
@@ -60,8 +61,10 @@ from edgedistill.common.stage import Artifact, Built, Inputs, Stage
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
+from edgedistill.serve.errors import UnreadableText
 from edgedistill.serve.proto import classifier_pb2
 from edgedistill.serve.settings import Settings
+from edgedistill.serve.textfiles import numbered_lines, numbered_pairs
 from edgedistill.serve.workers import intra_op_threads
 
 STAGE = measured.SERVING
@@ -114,6 +117,39 @@ def evaluate(runs: dict[str, list[dict]], cfg: ServingBenchConfig) -> tuple[dict
             slo.verdict(f"batch-{BATCH} texts/s, server / raw", measured, f">= {least:g}", measured >= least)
         )
     return ratios, targets
+
+
+def check_readable(
+    bundles: list[Bundle], examples: Examples, texts_file: Path | None = None, pairs_file: PairsFile | None = None
+) -> None:
+    """`BenchError` naming the first of `examples` that one of `bundles` reads as nothing in its text style
+    (`serve.encoding.TextEncoder.encode`), which the server would refuse in every call that sends it: by its line in
+    `texts_file` or `pairs_file`, else by the examples' source and its text."""
+    for bundle in bundles:
+        try:
+            TextEncoder.for_bundle(bundle).encode(examples.texts, examples.pairs)
+        except UnreadableText as err:
+            text, pair = examples.texts[err.row], None if examples.pairs is None else examples.pairs[err.row]
+            where = line_of(text, pair, texts_file, pairs_file) or examples.source
+            unread = text if err.kind == "text" else pair
+            raise BenchError(
+                f"{where}: {err.kind} {unread!r} holds nothing the tokenizer of {bundle.folder.name} keeps (only "
+                f"characters it drops, such as control or zero-width ones{err.note}): the server would refuse every "
+                "call that sends it; remove it"
+            ) from None
+
+
+def line_of(text: str, pair: str | None, texts_file: Path | None, pairs_file: PairsFile | None) -> str | None:
+    """`FILE:LINE` of the example `text` (with `pair`) in `texts_file` or `pairs_file`, read as `bench.texts` reads
+    them; None without either."""
+    if texts_file is not None:
+        lines = numbered_lines(texts_file, stdin_for(texts_file))
+        return next(f"{texts_file}:{number}" for number, line in lines if line.strip() == text)
+    if pairs_file is not None:
+        path = pairs_file.path
+        rows = numbered_pairs(path, pairs_file.header, stdin_for(path), pairs_file.columns, option="--pairs")
+        return next(f"{path}:{number}" for number, *example in rows if example == [text, pair])
+    return None
 
 
 def raw_batches(bundle: Bundle, examples: Examples) -> list[dict[str, np.ndarray]]:
@@ -174,12 +210,7 @@ async def measure_all(
                 server,
                 None,
             ),
-            "raw": (
-                functools.partial(asyncio.to_thread, drivers.infer_for, backend, batches, seconds),
-                BATCH,
-                None,
-                None,
-            ),
+            "raw": (drivers.infer_in_thread(stack, backend, batches, seconds), BATCH, None, None),
         }
         names = phase_names(cfg.model_dump())
         rounds = progress.bar(cfg.repeats * len(phases), desc=STAGE, unit="phase")
@@ -230,6 +261,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None
         )
     bundle = load_bundle(bundle_folder)
     examples = load_texts(inputs.recipe.data, bundle.spec.pairs, texts_file, pairs_file)
+    check_readable([bundle], examples, texts_file, pairs_file)
     flags, settings = measured_server(bundle_folder, cfg.threads)
     work = inputs.fresh_work()
     load_before = os.getloadavg()

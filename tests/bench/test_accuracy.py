@@ -3,6 +3,7 @@ dev accuracy."""
 
 import contextlib
 import io
+import json
 import os
 import types
 from pathlib import Path
@@ -144,7 +145,7 @@ def test_served_predictions_unlike_the_bundles_are_counted_per_api(checked):
 
 def test_served_accuracy_still_matches_when_predictions_differ_in_ways_that_cancel(checked):
     result = checked(UNLIKE, gap=5.0).result
-    assert all(f.matches_bundle for f in result.apis.values())
+    assert all(f.matches_own for f in result.apis.values())
 
 
 def test_the_markdown_counts_the_predictions_unlike_the_bundles(checked):
@@ -191,6 +192,12 @@ FIRST_NEAR_TIE = [0.05] + [5.0] * 7
 def test_a_count_another_padding_moved_at_a_near_tie_the_bundle_answers_wrong_passes(checked):
     # served as the bundle's own (7 of 8 right); the export stage's batches put the last near-tie the right way: 8
     assert checked(SERVED, LAST_NEAR_TIE, dev_accuracy=1.0).code == 0
+
+
+def test_a_passed_check_records_no_verdict_of_an_api_that_failed(checked):
+    # served 7 right, the export stage's count 8: the near-tie allows it
+    apis = json.loads((checked(SERVED, LAST_NEAR_TIE, dev_accuracy=1.0).folder / "accuracy.json").read_text())["apis"]
+    assert all(value for figures in apis.values() for value in figures.values() if isinstance(value, bool))
 
 
 def test_a_binary_tie_flip_passes_though_it_changes_the_count(checked):
@@ -246,11 +253,11 @@ def test_the_export_stages_count_may_lie_only_as_far_as_the_near_ties_reach(expe
 
 def test_a_served_label_far_below_the_bundles_near_tie_is_no_tie_flip():
     # the bundle's top two within 0.05; the served label, the third, 1.0 below its top
-    assert accuracy.compare([2], [0], THREE_LABELS[1:2], 0.1, 1.0).tie_flips == 0
+    assert accuracy.compare([2], [0], THREE_LABELS[1:2], 0.1).tie_flips == 0
 
 
 def test_a_served_label_within_reach_of_the_bundles_top_is_a_tie_flip():
-    assert accuracy.compare([1], [0], THREE_LABELS[1:2], 0.1, 1.0).tie_flips == 1
+    assert accuracy.compare([1], [0], THREE_LABELS[1:2], 0.1).tie_flips == 1
 
 
 def test_a_cascades_own_predictions_are_routed_as_the_server_routes_them(tmp_path):
@@ -402,3 +409,24 @@ def test_a_bundle_named_as_one_of_the_runs_own_is_refused_before_the_server_star
     other = write_bundle(tmp_path / "other" / "bundle-tiny")
     assert bench_accuracy(other, single_dev, tmp_path / "runs") == 2
     assert "has a bundle of that name of its own" in capsys.readouterr().err
+
+
+def test_a_dev_example_the_bundle_reads_as_nothing_is_refused_naming_it(tmp_path, capsys):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\ngreat fun\t1\n<br />\t0\n")
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 0.5}, text_style="ptb_lower")
+    assert bench_accuracy(bundle, dev, tmp_path / "runs") == 2
+    assert f"{dev}: text '<br />' holds nothing the tokenizer of bundle-tiny keeps" in capsys.readouterr().err
+
+
+def test_a_dev_example_a_cascades_member_reads_as_nothing_is_refused_naming_the_member(tmp_path, capsys):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\ngreat fun\t1\n<br />\t0\n")
+    tiny = write_bundle(tmp_path / "bundle-tiny")
+    sure = write_bundle(tmp_path / "bundle-sure", bias=10.0, text_style="ptb_lower")
+    cascade = write_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, thresholds=[0.9])
+    manifest = json.loads((cascade / mf.MANIFEST).read_text())
+    manifest["metrics"]["dev_accuracy"] = 0.5  # as the export stage records it
+    (cascade / mf.MANIFEST).write_text(json.dumps(manifest))
+    bench_accuracy(cascade, dev, tmp_path / "runs")
+    assert "holds nothing the tokenizer of sure keeps" in capsys.readouterr().err

@@ -11,7 +11,8 @@ from collections import Counter
 import pytest
 from edgedistill.bench import BenchError, cascade
 from edgedistill.bench.__main__ import main
-from edgedistill.bench.cascade import PHASES, CascadeResult, counting, failed_calls
+from edgedistill.bench.cascade import PHASES, CascadeResult, counting
+from edgedistill.bench.stats import pooled
 from edgedistill.common import manifest as mf
 from edgedistill.common.machine import usable_cores
 from edgedistill.common.recipe import load_recipe
@@ -90,7 +91,17 @@ def test_bench_cascade_records_the_paced_p99_from_the_due_time_of_both(measured)
 
 
 def test_bench_cascade_table_gives_the_paced_calls_sent_late_and_never_sent(measured_without_servers):
-    assert "| 2.0 (2.0-2.0) | 3.0 (3.0-3.0) | 2 / 1 | 0 |" in (measured_without_servers / "cascade.md").read_text()
+    assert "| 3.00 | 2 / 1 |" in (measured_without_servers / "cascade.md").read_text()
+
+
+def test_bench_cascade_table_gives_a_figure_the_rounds_agree_on_once_as_the_serving_benchmarks_tables_do(
+    measured_without_servers,
+):
+    assert "| 100 | 1.00 | 2.00 | 3.00 |" in (measured_without_servers / "cascade.md").read_text()
+
+
+def test_bench_cascade_table_sums_a_models_failed_calls_over_every_phase(measured_without_servers):
+    assert "| 2 / 1 | 3 |" in (measured_without_servers / "cascade.md").read_text()
 
 
 def test_bench_serving_points_a_cascade_to_the_cascade_command(smoke_bundles, capsys):
@@ -117,6 +128,14 @@ def deployed_cascade_run(tmp_path, monkeypatch):
 def test_bench_serving_of_a_deployed_cascade_leaves_it_to_the_cascade_benchmark(deployed_cascade_run, capsys):
     main(["serving", *deployed_cascade_run[1]])
     assert "bench cascade` measures" in capsys.readouterr().out
+
+
+def test_bench_serving_refusing_options_for_a_deployed_cascade_says_what_the_cascade_benchmark_measures(
+    deployed_cascade_run, capsys
+):
+    main(["serving", *deployed_cascade_run[1], "--check"])
+    said = "measures against its last member served alone, on the recipe's dev split and with no targets to check"
+    assert said in capsys.readouterr().err
 
 
 def test_bench_serving_of_a_deployed_cascade_given_as_make_all_gives_it_exits_zero(deployed_cascade_run):
@@ -198,7 +217,33 @@ def measured_with_a_token(tmp_path_factory):
 
 @pytest.mark.parametrize("model", ["cascade", "last"])
 def test_a_server_with_a_token_is_called_with_it(measured_with_a_token, model):
-    assert failed_calls(measured_with_a_token[model]) == 0
+    records = [record for records in measured_with_a_token[model].values() for record in records]
+    assert pooled(records)["failures"] == 0
+
+
+def test_a_phase_without_one_successful_call_is_named_with_its_model_and_round(tmp_path, monkeypatch):
+    tiny = write_bundle(tmp_path / "bundle-tiny")
+    sure = write_bundle(tmp_path / "bundle-sure", bias=10.0)
+    folders = {"cascade": write_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, [0.9]), "last": sure}
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\ngreat fun\t1\nthe plot\t0\n")
+    recipe = load_recipe(SMOKE, {"data.dev": str(dev), "bench.serving.duration_s": 0.2, "bench.serving.repeats": 1})
+    for name in [name for name in os.environ if name.startswith("EDGEDISTILL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("EDGEDISTILL_TOKEN", "s3cret")
+    monkeypatch.setattr(cascade, "call_metadata", lambda settings: ())  # every call refused: UNAUTHENTICATED
+    with pytest.raises(BenchError, match=r"^repeat 1/1 cascade capacity: no call succeeded"):
+        asyncio.run(cascade._measure(recipe, folders, tmp_path, Counter()))
+
+
+def test_a_dev_text_a_member_reads_as_nothing_is_refused_naming_it_and_the_member(tmp_path):
+    tiny = write_bundle(tmp_path / "bundle-tiny")
+    sure = write_bundle(tmp_path / "bundle-sure", bias=10.0, text_style="ptb_lower")  # removes HTML markup
+    folders = {"cascade": write_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, [0.9]), "last": sure}
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\ngreat fun\t1\n<br />\t0\n")
+    with pytest.raises(BenchError, match=r"dev\.tsv: text '<br />' holds nothing the tokenizer of sure keeps"):
+        asyncio.run(cascade._measure(load_recipe(SMOKE, {"data.dev": str(dev)}), folders, tmp_path, Counter()))
 
 
 def test_a_last_member_rebuilt_since_the_cascade_is_refused_naming_the_rebuild(tmp_path):
@@ -210,11 +255,6 @@ def test_a_last_member_rebuilt_since_the_cascade_is_refused_naming_the_rebuild(t
     (sure / mf.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(BenchError, match=r"rebuild the cascade \(`edgedistill bundles RECIPE --only cascade`\)"):
         asyncio.run(cascade._measure(load_recipe(SMOKE), folders, tmp_path, Counter()))
-
-
-def test_a_models_failed_calls_are_summed_over_every_phase_and_round():
-    phases = {"capacity": [{"failures": 5}, {"failures": 0}], "paced": [{"failures": 3}, {"failures": 4}]}
-    assert failed_calls(phases) == 12
 
 
 SURE_TEXT, UNSURE_TEXT = "great good love fun", "the movie"  # the tiny member's confidence above 0.9, below
@@ -273,12 +313,13 @@ def test_the_routing_share_counts_each_text_as_often_as_it_was_sent(measured_wit
 @pytest.fixture
 def measured_without_servers(tmp_path, monkeypatch):
     """The cascade benchmark's artifact written from canned figures, as `_build` writes it after measuring."""
-    record = {"texts_per_s": 100.0, "p50_ms": 1.0, "p99_ms": 2.0, "failures": 0, "error_codes": {}}
+    record = {"texts_per_s": 100.0, "p50_ms": 1.0, "p99_ms": 2.0, "requests": 100, "error_codes": {}}
     record |= {"p99_from_due_ms": 3.0, "late_calls": 2, "unsent_calls": 1}  # of the paced phase
+    failures = {"capacity": 1, "paced": 2}
 
     async def canned(recipe, folders, work, answers):
         answers.update({(SURE_TEXT, None, "small", False): 3, (UNSURE_TEXT, None, "big", False): 1})
-        return {model: {phase: [record] for phase in PHASES} for model in folders}
+        return {model: {phase: [record | {"failures": failures[phase]}] for phase in PHASES} for model in folders}
 
     monkeypatch.setattr(cascade, "_measure", canned)
     folders = tiny_cascade(tmp_path, dev_escalated=0.3)
@@ -297,6 +338,10 @@ def test_cascade_json_loads_back_as_its_result(measured_without_servers):
 
 def test_cascade_json_records_the_machine_it_ran_on(measured_without_servers):
     assert CascadeResult.load(measured_without_servers).machine["cores"] == usable_cores()
+
+
+def test_cascade_json_records_the_package_versions_it_ran_with(measured_without_servers):
+    assert CascadeResult.load(measured_without_servers).machine["versions"] == mf.package_versions()
 
 
 def test_cascade_json_records_the_rate_of_its_paced_phase(measured_without_servers):

@@ -4,6 +4,7 @@ real server."""
 import asyncio
 import contextlib
 import functools
+import time
 import types
 
 import grpc
@@ -202,3 +203,52 @@ def test_the_drivers_call_the_server_past_a_proxy_of_the_environment(served, mon
             return await classify(classifier_pb2.ClassifyRequest(texts=["a fine film"]))
 
     assert len(asyncio.run(one_call()).predictions) == 1
+
+
+class ClosingBackend:
+    """A backend whose calls take 20 ms; counts the calls begun after `close`, which would run on freed buffers."""
+
+    def __init__(self):
+        self.closed = False
+        self.calls_after_close = 0
+
+    def infer(self, batch):
+        self.calls_after_close += self.closed
+        time.sleep(0.02)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture(scope="module")
+def cancelled_backend_load() -> tuple[ClosingBackend, float]:
+    """A 30 s backend load cancelled after 0.2 s (as Ctrl-C cancels the benchmark's task), its backend closed by the
+    exit stack the load was made in; the backend, and the seconds until the stack had closed."""
+    backend = ClosingBackend()
+
+    async def cancelled():
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(backend.close)
+            load = drivers.infer_in_thread(stack, backend, [{}], 30.0)
+            await asyncio.wait_for(drivers.measure(load, 1, None), 0.2)
+
+    start = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        asyncio.run(cancelled())
+    return backend, time.perf_counter() - start
+
+
+def test_a_cancelled_backend_load_calls_the_backend_no_more_once_it_is_closed(cancelled_backend_load):
+    assert cancelled_backend_load[0].calls_after_close == 0
+
+
+def test_a_cancelled_backend_load_stops_calling_the_backend_at_once(cancelled_backend_load):
+    assert cancelled_backend_load[1] < 5.0
+
+
+def test_a_backend_load_in_its_own_thread_is_measured():
+    async def measured():
+        async with contextlib.AsyncExitStack() as stack:
+            return await drivers.measure(drivers.infer_in_thread(stack, ClosingBackend(), [{}], 0.1), 1, None)
+
+    assert asyncio.run(measured())["requests"] > 0

@@ -85,7 +85,6 @@ def accuracy_result() -> AccuracyResult:
     figures = ApiAccuracy(
         correct=3,
         accuracy=0.75,
-        matches_bundle=True,
         differing=1,
         tie_flips=1,
         same_predictions=True,

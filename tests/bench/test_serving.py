@@ -1,5 +1,6 @@
 """The serving benchmark end to end on the tiny bundle, with the targets of recipes/smoke.yaml."""
 
+import contextlib
 import io
 import os
 import re
@@ -22,7 +23,7 @@ from edgedistill.common.data import Examples
 from edgedistill.common.recipe import load_recipe
 from edgedistill.serve.batching import pad_rows
 
-from tests.serve.conftest import ROOT
+from tests.serve.conftest import ROOT, pair_spec, write_bundle
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
 WORDS = ["a", "great", "movie", "the", "plot", "was", "dull", "and", "boring", "fun", "acting", "very", "good"]
@@ -415,6 +416,36 @@ def test_pairs_go_to_a_pair_model_in_every_phase(pair_bundle, tmp_path):
 def test_single_texts_for_a_pair_model_exit_2(pair_bundle, texts_file, tmp_path, capsys):
     assert bench_serving(pair_bundle, texts_file, tmp_path / "runs") == 2
     assert "the model takes text pairs" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def markup_refused(tmp_path_factory) -> tuple[int, str, Path]:
+    """A run on a bundle whose text style (ptb_lower) removes HTML markup, of texts whose third line (after a blank
+    one) is markup alone: its exit status, what it said on stderr, and the texts file."""
+    folder = tmp_path_factory.mktemp("markup")
+    bundle = write_bundle(folder / "bundle-markup", text_style="ptb_lower")
+    texts = folder / "texts.txt"
+    texts.write_text("good movie\n\n<br />\nbad film\n")
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        code = bench_serving(bundle, texts, folder / "runs")
+    return code, err.getvalue(), texts
+
+
+def test_a_text_the_bundle_reads_as_nothing_exits_2(markup_refused):
+    assert markup_refused[0] == 2
+
+
+def test_a_text_the_bundle_reads_as_nothing_is_named_by_its_line_in_the_file(markup_refused):
+    code, said, texts = markup_refused
+    assert f"{texts}:3: text '<br />' holds nothing the tokenizer of bundle-markup keeps" in said
+
+
+def test_a_pair_the_bundle_reads_as_nothing_is_named_by_its_line_in_the_file(tmp_path, capsys):
+    bundle = write_bundle(tmp_path / "bundle-markup", **pair_spec(text_style="ptb_lower"))
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("good film\tfun plot\nawful film\t<br />\n")
+    bench_serving(bundle, None, tmp_path / "runs", "--pairs", str(pairs))
+    assert f"{pairs}:2: text pair '<br />' holds nothing" in capsys.readouterr().err
 
 
 def test_the_phases_are_named_with_the_benchmarks_settings():
