@@ -6,6 +6,8 @@ member but the last keeps the texts whose confidence reaches its threshold; the 
 next member; the last answers what reaches it. Torch-free: the server loads it.
 """
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -16,9 +18,43 @@ from edgedistill.common.bundle import Bundle, ServedModel, load_bundle
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MEMBERS = "members"
-Rule = Literal["max_prob", "margin", "entropy"]
-# Where each rule's confidence lies: a top probability, a gap between two, minus an entropy.
-CONFIDENCE_RANGE = {"max_prob": (0.0, 1.0), "margin": (0.0, 1.0), "entropy": (-np.inf, 0.0)}
+
+
+@dataclass(frozen=True)
+class Confidence:
+    """How a rule measures a member's confidence: `of` (N, C) probabilities -> (N,) confidence, higher meaning surer,
+    which lies in [`least(C)`, `most`]; the least is that of equal probabilities, so a threshold there keeps every
+    text, and one above the most keeps none."""
+
+    what: str  # the measure, as the recipe describes it
+    of: Callable[[np.ndarray], np.ndarray]
+    least: Callable[[int], float]
+    most: float
+
+
+def _margin(p: np.ndarray) -> np.ndarray:
+    top = np.sort(p, -1)
+    return top[:, -1] - top[:, -2]
+
+
+def _minus_entropy(p: np.ndarray) -> np.ndarray:
+    return (p * np.log(np.clip(p, 1e-12, None))).sum(-1)
+
+
+RULES = {
+    "max_prob": Confidence("its top-class probability", lambda p: p.max(-1), lambda labels: 1 / labels, 1.0),
+    "margin": Confidence("the gap between its two most likely classes", _margin, lambda labels: 0.0, 1.0),
+    "entropy": Confidence(
+        "minus the entropy of its probabilities", _minus_entropy, lambda labels: -math.log(labels), 0.0
+    ),
+}
+Rule = Literal[tuple(RULES)]
+
+
+def rules_described() -> str:
+    """Each rule's measure, named: `its top-class probability (max_prob), ..., or minus the entropy ... (entropy)`."""
+    *others, last = (f"{measure.what} ({rule})" for rule, measure in RULES.items())
+    return f"{', '.join(others)}, or {last}"
 
 
 class CascadeMember(BaseModel):
@@ -47,13 +83,15 @@ class CascadeSpec(ServedModel):
         return self
 
     @model_validator(mode="after")
-    def _thresholds_in_the_rules_range(self):
-        low, high = CONFIDENCE_RANGE[self.rule]
+    def _thresholds_keep_some_texts_and_not_all(self):
+        measure = RULES[self.rule]
+        low, high = measure.least(len(self.labels)), measure.most
         for member in self.members[:-1]:
-            if not low <= member.threshold <= high:
+            if not low < member.threshold <= high:
                 raise ValueError(
-                    f"member {member.bundle}'s threshold {member.threshold} is outside [{low}, {high}], where "
-                    f"{self.rule}'s confidence lies: it would keep every text or none"
+                    f"member {member.bundle}'s threshold {member.threshold} is outside ({low}, {high}]: {self.rule}'s "
+                    f"confidence over {len(self.labels)} labels lies in [{low}, {high}], so it would keep every text "
+                    "or none"
                 )
         return self
 
@@ -83,15 +121,9 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 
 
 def confidence(logits: np.ndarray, rule: Rule, temperature: float = 1.0) -> np.ndarray:
-    """(N, C) logits -> (N,) confidence, higher meaning surer: the top probability, the gap between the two top
-    probabilities, or minus the entropy."""
-    p = softmax(logits, temperature)
-    if rule == "max_prob":
-        return p.max(-1)
-    if rule == "margin":
-        top = np.sort(p, -1)
-        return top[:, -1] - top[:, -2]
-    return (p * np.log(np.clip(p, 1e-12, None))).sum(-1)
+    """(N, C) logits -> (N,) confidence by `rule` (`RULES`) of their softmax at `temperature`, higher meaning
+    surer."""
+    return RULES[rule].of(softmax(logits, temperature))
 
 
 def is_cascade(folder: str | Path) -> bool:

@@ -2,6 +2,7 @@
 
 from typing import Literal
 
+from edgedistill.common.cascade import Rule, rules_described
 from edgedistill.common.config.strict import Name, Strict
 from edgedistill.common.names import did_you_mean
 from edgedistill.common.providers import known_providers
@@ -174,11 +175,7 @@ class CascadeRecipe(Strict):
     """A confidence cascade: the first member answers the texts it is sure of, the rest go on to the next."""
 
     members: list[str] = Field(min_length=2, description="bundles of export.bundles, cheapest first")
-    rule: Literal["max_prob", "margin", "entropy"] = Field(
-        "max_prob",
-        description="a member keeps a text when its top-class probability (max_prob), the gap between its two most "
-        "likely classes (margin), or minus the entropy of its probabilities (entropy) reaches its threshold",
-    )
+    rule: Rule = Field("max_prob", description=f"a member keeps a text when {rules_described()} reaches its threshold")
     target_agreement: float = Field(
         0.99,
         gt=0,

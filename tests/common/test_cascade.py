@@ -1,8 +1,12 @@
 """Confidence rules and routing of a cascade, on logits with known answers."""
 
+import math
+from typing import get_args
+
 import numpy as np
 import pytest
-from edgedistill.common.cascade import CascadeMember, CascadeSpec, confidence, least_sure_first, route
+from edgedistill.common.cascade import RULES, CascadeMember, CascadeSpec, confidence, keeps, least_sure_first, route
+from edgedistill.common.config.export import CascadeRecipe
 from pydantic import ValidationError
 
 LOGITS = np.log(np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25]]))
@@ -74,7 +78,7 @@ def test_spec_refuses_a_threshold_on_the_last_member():
         CascadeMember(bundle="big", manifest_sha256="b", threshold=0.5),
     ]
     with pytest.raises(ValueError, match="the last none"):
-        CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule="max_prob", members=members)
+        CascadeSpec(name="c", labels=["a", "b"], text_inputs=["text"], rule="max_prob", members=members)
 
 
 def test_a_member_refuses_a_threshold_of_nan():
@@ -82,14 +86,63 @@ def test_a_member_refuses_a_threshold_of_nan():
         CascadeMember(bundle="small", manifest_sha256="a", threshold=float("nan"))
 
 
-@pytest.mark.parametrize("rule, threshold", [("max_prob", 1.5), ("max_prob", -7.0), ("margin", 1.01), ("entropy", 0.5)])
-def test_spec_refuses_a_threshold_outside_its_rules_range(rule, threshold):
+def two_labels(rule: str, threshold: float) -> CascadeSpec:
+    """A cascade of two labels whose first member keeps a text at `threshold` of `rule`'s confidence."""
     members = [
         CascadeMember(bundle="small", manifest_sha256="a", threshold=threshold),
         CascadeMember(bundle="big", manifest_sha256="b", threshold=None),
     ]
-    with pytest.raises(ValidationError, match=f"outside .* where {rule}'s confidence lies"):
-        CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule=rule, members=members)
+    return CascadeSpec(name="c", labels=["a", "b"], text_inputs=["text"], rule=rule, members=members)
+
+
+@pytest.mark.parametrize("rule, threshold", [("max_prob", 1.5), ("max_prob", -7.0), ("margin", 1.01), ("entropy", 0.5)])
+def test_spec_refuses_a_threshold_outside_its_rules_range(rule, threshold):
+    with pytest.raises(ValidationError, match=f"{rule}'s confidence over 2 labels lies in"):
+        two_labels(rule, threshold)
+
+
+# Each rule's least confidence over two labels, that of equal probabilities: a threshold there keeps every text.
+LEAST_OF_TWO = [("max_prob", 0.5), ("margin", 0.0), ("entropy", -math.log(2))]
+
+
+@pytest.mark.parametrize("rule, threshold", LEAST_OF_TWO)
+def test_spec_refuses_a_threshold_at_its_rules_least_confidence_over_its_labels(rule, threshold):
+    with pytest.raises(ValidationError, match="it would keep every text or none"):
+        two_labels(rule, threshold)
+
+
+@pytest.mark.parametrize("rule, threshold", LEAST_OF_TWO)
+def test_spec_refuses_a_threshold_below_its_rules_least_confidence_over_its_labels(rule, threshold):
+    with pytest.raises(ValidationError, match="it would keep every text or none"):
+        two_labels(rule, threshold - 0.01)
+
+
+@pytest.mark.parametrize("rule, threshold", LEAST_OF_TWO)
+def test_spec_accepts_a_threshold_just_above_its_rules_least_confidence_over_its_labels(rule, threshold):
+    assert two_labels(rule, np.nextafter(threshold, 1.0)).members[0].threshold > threshold
+
+
+@pytest.mark.parametrize("rule, threshold", LEAST_OF_TWO)
+def test_a_threshold_at_a_rules_least_confidence_keeps_equal_probabilities(rule, threshold):
+    """What the refusal above is for: a spec built past its validation keeps the least sure text there."""
+    spec = two_labels("max_prob", 0.9).model_copy(update={"rule": rule}, deep=True)
+    spec.members[0].threshold = threshold
+    assert keeps(np.zeros((1, 2)), spec, 0).all()
+
+
+def test_spec_of_three_labels_accepts_a_top_probability_threshold_its_two_label_least_refuses():
+    assert spec(0.5).members[0].threshold == 0.5
+
+
+@pytest.mark.parametrize("rule", get_args(CascadeRecipe.model_fields["rule"].annotation))
+def test_every_rule_the_recipe_accepts_has_a_confidence_within_its_range(rule):
+    scores = confidence(LOGITS, rule)
+    assert ((RULES[rule].least(3) <= scores) & (scores <= RULES[rule].most)).all()
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_equal_probabilities_give_a_rules_least_confidence(rule):
+    assert confidence(np.zeros((1, 3)), rule)[0] == pytest.approx(RULES[rule].least(3))
 
 
 def test_a_member_refuses_an_infinite_temperature():
@@ -99,11 +152,11 @@ def test_a_member_refuses_an_infinite_temperature():
 
 def test_spec_refuses_a_member_listed_twice():
     members = [
-        CascadeMember(bundle="small", manifest_sha256="a", threshold=0.5),
+        CascadeMember(bundle="small", manifest_sha256="a", threshold=0.9),
         CascadeMember(bundle="small", manifest_sha256="a", threshold=None),
     ]
     with pytest.raises(ValidationError, match="a member is listed twice"):
-        CascadeSpec(name="c", labels=["a"], text_inputs=["text"], rule="max_prob", members=members)
+        CascadeSpec(name="c", labels=["a", "b"], text_inputs=["text"], rule="max_prob", members=members)
 
 
 def test_load_served_describes_a_cascade_by_its_members(tmp_path):
