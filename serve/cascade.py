@@ -136,6 +136,7 @@ class CascadeRuntime:
 
     @property
     def max_length(self) -> int:
+        """The most tokens any member reads per text: an escalated text's; each member truncates at its own."""
         return max(member.max_length for member in self.members)
 
     @property
@@ -268,11 +269,7 @@ class CascadeRuntime:
         room = batcher.room
         if room >= len(reaching):
             return reaching
-        if self.settings.cascade_overload == "refuse":
-            if self.metrics is not None:
-                self.metrics.routed(
-                    self.name, self.ids[index - 1], answered=0, escalated=0, refused=len(reaching) - room
-                )
+        if self.settings.cascade_overload == "refuse":  # the failed request is counted as such, none of its texts
             raise Overloaded(
                 f"cascade member {self.ids[index]} cannot take {len(reaching)} escalated texts: {room} of its "
                 f"{batcher.max_queued} queue places are free (CASCADE_OVERLOAD=refuse); retry with backoff"

@@ -141,7 +141,8 @@ class Metrics(BatchObserver):
         )
         self.cascade_refused = Counter(
             "edgedistill_cascade_escalation_refused_texts",
-            "Texts below a cascade member's threshold that the next member's full queue could not take",
+            "Texts below a cascade member's threshold that the next member's full queue could not take, answered by "
+            "the member (CASCADE_OVERLOAD=answer; with refuse the request fails, and none of its texts is counted)",
             ["cascade", "member"],
             registry=r,
         )
@@ -239,9 +240,14 @@ class Metrics(BatchObserver):
         self.depth.set(sum(rows for _, rows in self._member_depths.values()))
 
     def member(self, cascade: str, member: str) -> "MemberObserver":
-        """The batch observer of the member `member` (its bundle id) of the cascade served as `cascade`. Its series
-        start at zero here, so a member that has not answered yet (or whose calls never queue) is scraped as 0, not
-        missing."""
+        """The batch observer of the member `member` (its bundle id) of the cascade served as `cascade`; its series
+        appear when its batcher starts (`member_started`)."""
+        return MemberObserver(self, cascade, member)
+
+    def member_started(self, observer: "MemberObserver") -> None:
+        """`observer`'s member started taking batches, its cascade warm: its series start at zero, so a member that has
+        not answered yet (or whose calls never queue) is scraped as 0, not missing, and a cascade that failed to load
+        or warm up adds none."""
         for family in (
             self.cascade_answered,
             self.cascade_escalated,
@@ -250,8 +256,7 @@ class Metrics(BatchObserver):
             self.member_queue_wait,
             self.member_depth,
         ):
-            family.labels(cascade, member)
-        return MemberObserver(self, cascade, member)
+            family.labels(*observer.labels)
 
     def routed(self, cascade: str, member: str, answered: int, escalated: int, refused: int) -> None:
         """A cascade request's texts at `member`: answered there, passed on, and refused by the next member."""
@@ -290,15 +295,20 @@ class MemberObserver(BatchObserver):
     def __init__(self, metrics: Metrics, cascade: str, member: str):
         self.metrics = metrics
         self.labels = (cascade, member)
+        self.started = False
 
     def queue_depth(self, rows: int) -> None:
+        if not self.started:  # the batcher's first report, at its start
+            self.started = True
+            self.metrics.member_started(self)
         self.metrics.member_queue_depth(self, rows)
 
     def retired(self) -> None:
         self.metrics.member_retired(self)
 
     def closed(self) -> None:
-        self.metrics.member_closed(self)
+        if self.started:  # else it wrote no series: a cascade closed after a failed warm-up leaves none
+            self.metrics.member_closed(self)
 
     def batch_done(self, rows: int, seconds: float) -> None:
         self.metrics.batch_done(rows, seconds)

@@ -19,10 +19,12 @@ from edgedistill.serve import tensors
 from edgedistill.serve.cascade import load_runtime, refuse_unused_by
 from edgedistill.serve.client import SERVER_WIDE, Client
 from edgedistill.serve.errors import BundleRejected
+from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from onnx import numpy_helper
+from prometheus_client import generate_latest
 from tokenizers import Tokenizer
 
 from tests.conftest import wait_until
@@ -314,6 +316,28 @@ def test_model_info_of_a_cascade_gives_the_servers_request_limits(stub, served_c
     assert (info.max_texts, info.max_message_bytes) == expected
 
 
+@pytest.fixture(scope="module")
+def lengths_apart(tmp_path_factory):
+    """A cascade whose student reads 8 tokens and whose teacher reads 16, loaded."""
+    folder = tmp_path_factory.mktemp("lengths")
+    members = {
+        STUDENT: write_bundle(folder / "student", max_length=8),
+        TEACHER: write_bundle(folder / "teacher", bias=0.5, max_length=16),
+    }
+    cascade = write_cascade(folder / "bundle-cascade", members, [THRESHOLD])
+    runtime = load_runtime(cascade, settings_for(cascade))
+    yield runtime.describe()
+    asyncio.run(runtime.close(0))
+
+
+def test_model_info_of_a_cascade_gives_the_most_tokens_any_member_reads(lengths_apart):
+    assert lengths_apart.max_length == 16
+
+
+def test_model_info_of_a_cascade_gives_each_members_own_max_length(lengths_apart):
+    assert [member.model.max_length for member in lengths_apart.cascade_members] == [8, 16]
+
+
 def test_the_clients_model_info_leaves_the_servers_fields_out_of_each_member(served_cascade):
     with Client(served_cascade.address, retries=0) as client:
         members = client.model_info()["cascade_members"]
@@ -414,6 +438,35 @@ def test_every_members_series_is_scraped_at_zero_before_its_first_call(start_ser
         if f'member="{member}"' in line and line.endswith(" 0.0")
     }
     assert found >= {(series, member) for series in MEMBER_SERIES for member in (STUDENT, TEACHER)}
+
+
+def cascade_series(text: str, cascade: str) -> list[str]:
+    """The samples of `cascade` in the scrape `text`."""
+    return [line for line in text.splitlines() if f'cascade="{cascade}"' in line and not line.startswith("#")]
+
+
+def test_a_load_of_a_cascade_whose_member_fails_to_open_adds_no_cascade_series(tmp_path):
+    members = {
+        STUDENT: write_bundle(tmp_path / "student"),
+        TEACHER: write_bundle(tmp_path / "teacher", model=b"not an onnx model"),
+    }
+    folder = write_cascade(tmp_path / "bundle-cascade", members, [THRESHOLD], name="unopened-cascade")
+    metrics = Metrics()
+    with pytest.raises(BundleRejected, match="member teacher"):
+        load_runtime(folder, settings_for(folder), metrics)
+    assert cascade_series(generate_latest(metrics.registry).decode(), "unopened-cascade") == []
+
+
+def test_a_reload_onto_a_cascade_that_fails_its_warm_up_adds_no_cascade_series(start_server, cascade, tmp_path):
+    three = ["negative", "neutral", "positive"]  # the tiny model gives two logits: its warm-up refuses it
+    members = {
+        STUDENT: write_bundle(tmp_path / "student", labels=three),
+        TEACHER: write_bundle(tmp_path / "teacher", bias=0.5, labels=three),
+    }
+    folder = write_cascade(tmp_path / "bundle-cascade", members, [THRESHOLD], name="cold-cascade")
+    server = start_server(settings_for(cascade, admin_token=ADMIN_TOKEN, reload_root=tmp_path))
+    assert "warm-up" in server.refused_reload(folder, ADMIN).details
+    assert cascade_series(scrape(server), "cold-cascade") == []
 
 
 def escalated_once(server, stub, sample: str, **labels) -> float:
@@ -559,6 +612,16 @@ def test_overload_refuse_fails_the_request_with_resource_exhausted(overloaded, c
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "CASCADE_OVERLOAD=refuse" in caught.value.details()
     assert [p.answered_by for p in waiting.result().predictions] == [STUDENT, TEACHER, TEACHER, TEACHER]
+
+
+def test_overload_refuse_counts_none_of_the_failed_requests_texts_as_refused_escalations(overloaded, cascade):
+    server, stub = overloaded("refuse")
+    less_sure, surer = escalating_pair(cascade)
+    waiting = hold_the_teacher(server, stub)
+    with pytest.raises(grpc.RpcError):
+        stub.Classify(pb.ClassifyRequest(texts=[*SURE[:2], less_sure, surer]), timeout=10)
+    waiting.result()
+    assert metric(scrape(server), "edgedistill_cascade_escalation_refused_texts_total", member=STUDENT) == 0
 
 
 def test_overload_refuse_keeps_requests_that_fit(overloaded):
