@@ -300,7 +300,7 @@ def test_unlabelled_text_read_with_a_name_prints_its_progress_in_status_lines(tm
     monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
     (tmp_path / "u.txt").write_text("a line\n" * 3000)
     load_unlabelled([str(tmp_path / "u.txt")], desc="read")
-    assert "[read] 3000/3000 line (100%)" in capsys.readouterr().err
+    assert "[read] 3,000/3,000 line (100%)" in capsys.readouterr().err
 
 
 def test_a_stray_byte_that_is_not_utf8_names_how_to_drop_it(tmp_path):

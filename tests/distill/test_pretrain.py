@@ -69,7 +69,7 @@ def test_blocks_with_a_name_print_their_progress_in_status_lines(monkeypatch, ca
     monkeypatch.setenv(settings.PROGRESS_VAR, "lines")
     monkeypatch.setenv(settings.PROGRESS_INTERVAL_VAR, "0.000001")
     make_blocks(tokenizer("bert"), TEXTS * 30, 16, "bert", with_offsets=False, desc="blocks")
-    assert f"[blocks] {len(TEXTS) * 30}/{len(TEXTS) * 30} text (100%)" in capsys.readouterr().err
+    assert f"[blocks] {len(TEXTS) * 30:,}/{len(TEXTS) * 30:,} text (100%)" in capsys.readouterr().err
 
 
 def test_gpt_blocks_separate_texts_with_eos():

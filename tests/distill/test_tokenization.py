@@ -55,7 +55,7 @@ def test_encode_with_a_name_prints_its_progress_in_status_lines(monkeypatch, cap
     monkeypatch.setenv(PROGRESS_VAR, "lines")
     monkeypatch.setenv(PROGRESS_INTERVAL_VAR, "0.000001")
     encode(train_tokenizer("bert", TEXTS, 60), TEXTS * 50, None, 16, desc="tokenize")
-    assert f"[tokenize] {len(TEXTS) * 50}/{len(TEXTS) * 50} text (100%)" in capsys.readouterr().err
+    assert f"[tokenize] {len(TEXTS) * 50:,}/{len(TEXTS) * 50:,} text (100%)" in capsys.readouterr().err
 
 
 class Counting:

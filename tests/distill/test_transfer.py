@@ -208,7 +208,7 @@ def test_splitting_and_filtering_the_unlabelled_text_report_progress(monkeypatch
     build_texts(recipe, "[MASK]")
     err = capsys.readouterr().err
     assert re.search(r"^\[split\] \d+/20 line", err, re.MULTILINE)
-    assert re.search(r"^\[filter\] \d+/\d+ text", err, re.MULTILINE)
+    assert re.search(r"^\[filter\] [\d,]+/[\d,]+ text", err, re.MULTILINE)
 
 
 def test_splitting_every_unlabelled_line_reports_progress_of_the_file_s_lines(tmp_path, monkeypatch, capsys):
