@@ -11,6 +11,8 @@ summary.json and summary.md (see `loadtests.result`).
 import csv
 import math
 import os
+import site
+import sys
 import threading
 import time
 from functools import partial
@@ -40,6 +42,8 @@ from edgedistill.serve.settings import Settings
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # package data, beside this module
 SAMPLE_S = 0.5
 EXIT_MARGIN_S = 60.0  # locust's start-up and shutdown on top of the schedule
+LOCUST_PREFIX = "LOCUST_"  # locust's options from the environment
+CONFIG_FILE = "~/.locust.conf"  # the first of the files locust reads its options from
 ECHO_SCENARIOS = {"single", "batch"}  # the echo server implements Classify alone
 ECHO_TARGET = {"name": "echo server (no model)", "version": "-", "arch": "echo", "precision": "-", "runtime": "-"}
 
@@ -87,6 +91,20 @@ def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings
     return flags, settings
 
 
+def locust_environ(folder: Path) -> dict[str, str]:
+    """The environment of locust run in `folder`: this one with the plan, less the `LOCUST_*` variables, with HOME
+    `folder`, where locust finds no `~/.locust.conf`. Either would set options of locust's that the run leaves to their
+    defaults (forked workers, a master waiting for workers, tags that leave no task); those left out are named on
+    stderr."""
+    left_out = sorted(name for name in os.environ if name.startswith(LOCUST_PREFIX))
+    left_out += [CONFIG_FILE] if os.path.isfile(os.path.expanduser(CONFIG_FILE)) else []
+    if left_out:
+        print(f"[loadtest] locust runs without {', '.join(left_out)}: the load test sets its options", file=sys.stderr)
+    kept = {name: value for name, value in os.environ.items() if not name.startswith(LOCUST_PREFIX)}
+    # PYTHONUSERBASE: the user's site-packages (pip install --user), which Python finds under HOME
+    return kept | {PLAN_VAR: str(folder / "plan.json"), "HOME": str(folder), "PYTHONUSERBASE": site.getuserbase()}
+
+
 def drive(folder: Path, port: int, server: psutil.Process, seconds: float, call_timeout_s: float) -> list[tuple]:
     """Run headless locust on the plan in `folder` against `port`; the process samples taken meanwhile.
 
@@ -102,9 +120,8 @@ def drive(folder: Path, port: int, server: psutil.Process, seconds: float, call_
     command = python_module("locust", "-f", str(LOCUSTFILE), "--headless", "--host", f"127.0.0.1:{port}")
     command += ["--csv", str(folder / "locust"), "--csv-full-history", "--html", str(folder / "report.html")]
     command += ["--only-summary", "--exit-code-on-error", "0", "--stop-timeout", str(stop_timeout_s)]
-    env = os.environ | {PLAN_VAR: str(folder / "plan.json")}
     log = folder / "locust.log"
-    process = start(command, log, env, cwd=folder)
+    process = start(command, log, locust_environ(folder), cwd=folder)
     sampler = Sampler(server, psutil.Process(process.pid))
     sampler.start()
     code = live.follow(process, folder / "locust_stats_history.csv", seconds, seconds + stop_timeout_s + EXIT_MARGIN_S)

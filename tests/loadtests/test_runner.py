@@ -132,6 +132,27 @@ def test_a_server_that_wants_a_token_is_sent_it(bundle):
     assert summary["overall"]["failures"] == 0
 
 
+def test_locust_variables_exported_leave_the_run_as_it_is(bundle):
+    run = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", env={"LOCUST_TAGS": "none"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert results("smoke")[1]["overall"]["requests"] > 0
+
+
+def test_the_locust_variables_and_conf_left_out_are_named_in_one_line(bundle, tmp_path):
+    (tmp_path / ".locust.conf").write_text("tags = none\n")
+    env = {"LOCUST_TAGS": "none", "LOCUST_LOGLEVEL": "INFO", "HOME": str(tmp_path)}
+    run = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", env=env)
+    said = "locust runs without LOCUST_LOGLEVEL, LOCUST_TAGS, ~/.locust.conf: the load test sets its options\n"
+    assert said in run.stderr
+
+
+def test_a_locust_conf_in_the_home_folder_leaves_the_run_as_it_is(bundle, tmp_path):
+    (tmp_path / ".locust.conf").write_text("tags = none\n")
+    run = loadtest(bundle, "smoke", "--loadtest.smoke.scenarios={single: 1}", env={"HOME": str(tmp_path)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert results("smoke")[1]["overall"]["requests"] > 0
+
+
 def test_step_profile_finds_capacity(bundle):
     run = loadtest(bundle, "step", "--loadtest.step.slo.p99_ms=10000")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
