@@ -231,6 +231,9 @@ LOADTEST_ARGS ?=
 $(if $(and $(filter all,$(MAKECMDGOALS)),$(filter command line,$(origin PROFILE)),$(filter-out smoke,$(PROFILE))),$(error PROFILE=$(PROFILE): make all runs the smoke load test; make loadtest PROFILE=$(PROFILE) runs that one after it))
 # likewise --echo, which would load the echo server in place of the deployed bundle, and make all pass without its test
 $(if $(and $(filter all,$(MAKECMDGOALS)),$(filter --echo,$(LOADTEST_ARGS))),$(error LOADTEST_ARGS=$(LOADTEST_ARGS): --echo would load-test the echo server in place of the deployed bundle in make all; make loadtest LOADTEST_ARGS=--echo runs it after make all))
+# --profile or --bundle in LOADTEST_ARGS would come after make's own, and the last one given wins: refuse it
+LOADTEST_OWN = $(filter --profile --profile=% --bundle --bundle=%,$(LOADTEST_ARGS))
+$(if $(and $(filter all loadtest soak,$(MAKECMDGOALS)),$(LOADTEST_OWN)),$(error LOADTEST_ARGS=$(LOADTEST_ARGS): $(LOADTEST_OWN) would replace make's own; give PROFILE=NAME (make loadtest) and BUNDLE=PATH instead))
 loadtest: $(STAMP)  ## locust against BUNDLE, PROFILE=smoke|steady|step|spike|soak; runs/<recipe>/loadtest-PROFILE-<bundle id>; fails on a missed SLO
 	$(ED) loadtest $(RECIPE) --profile $(PROFILE) --bundle $(BUNDLE) $(LOADTEST_ARGS)
 

@@ -122,6 +122,16 @@ def test_make_all_with_an_echo_load_test_stops_make():
     assert "--echo would load-test the echo server in place of the deployed bundle in make all" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "goal, given",
+    [("all", "--profile=steady"), ("loadtest", "--profile steady"), ("soak", "--bundle x"), ("loadtest", "--bundle=x")],
+)
+def test_a_profile_or_bundle_in_loadtest_args_stops_make_pointing_to_its_variable(goal, given):
+    command = ["make", "-n", "--no-print-directory", goal, f"LOADTEST_ARGS={given}", "RECIPE=recipes/smoke.yaml"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert f"{given.split()[0]} would replace make's own; give PROFILE=NAME" in result.stderr
+
+
 def test_make_loadtest_takes_an_echo_load_test(tmp_path):
     assert "--echo" in make_dry_run(tmp_path, "loadtest", "LOADTEST_ARGS=--echo")
 
