@@ -3,17 +3,25 @@
 Small students use few cores well, so on a CPU host two single-threaded jobs finish sooner than
 the same jobs one after another on two threads. Each job runs one student stage; jobs are
 independent (each writes its own artifact and resumes on its own). The jobs' processes ignore Ctrl-C;
-the process that started them stops them, so that one line, not a traceback per process, says so.
+the process that started them stops them (SIGTERM), so that one line, not a traceback per process, says so.
 """
 
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
+import signal
+import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 
 import torch
-from edgedistill.common.processes import children_ignore_interrupts, die_with_parent
+from edgedistill.common.processes import (
+    Terminated,
+    children_ignore_interrupts,
+    die_with_parent,
+    terminated_as_interrupted,
+)
 from edgedistill.common.recipe import Recipe
 from edgedistill.distill import device, stages
 from tqdm import tqdm
@@ -36,8 +44,21 @@ class JobKilled(RuntimeError):
     """A job's process killed by a signal (the OOM killer, kill -9), which stops every job of the pool with it."""
 
 
-def _run(recipe: Recipe, name: str, baseline: bool, force: bool) -> None:
+def _train(recipe: Recipe, name: str, baseline: bool, force: bool) -> None:
     stages.student(on_own_gpu(recipe, _bar_position), name, baseline, _bar_position).run(force)
+
+
+def _stoppable(job: Callable[..., None], *args) -> None:
+    """`job(*args)` with SIGTERM raising `Terminated`, as in the main process, so that a stopped job's stage runs its
+    clean-ups (keeps its wall time, closes its tracked run); then the process ends as the signal ends it, starting
+    none of the jobs queued for it."""
+    try:
+        with terminated_as_interrupted():
+            job(*args)
+    except Terminated:
+        sys.stdout.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def on_own_gpu(recipe: Recipe, slot: int) -> Recipe:
@@ -72,7 +93,10 @@ def run_all(recipe: Recipe, jobs: list[tuple[str, bool]], workers: int, force: b
         workers, mp_context=ctx, initializer=_start_worker, initargs=(os.getpid(), threads, slots)
     ) as pool:
         with children_ignore_interrupts():  # the pool starts its processes as jobs are submitted
-            pending = {pool.submit(_run, recipe, name, baseline, force): (name, baseline) for name, baseline in jobs}
+            pending = {
+                pool.submit(_stoppable, _train, recipe, name, baseline, force): (name, baseline)
+                for name, baseline in jobs
+            }
         try:
             wait(pending)
         except KeyboardInterrupt:

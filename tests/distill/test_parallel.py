@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,49 @@ def test_a_job_stops_when_the_distill_process_is_terminated():
     parent = subprocess.Popen([sys.executable, "-c", DISTILL], stdout=subprocess.PIPE, text=True)
     worker = int(parent.stdout.readline())
     assert child_ends_with_parent(parent, worker, signal.SIGTERM)
+
+
+def held_until_stopped(work: Path) -> None:
+    """A job that says it started, waits, and notes the exception that stops it where a stage keeps its wall time."""
+    try:
+        (work / "started").touch()
+        time.sleep(60)
+    except BaseException as err:
+        (work / "stopped").write_text(type(err).__name__)
+        raise
+
+
+@pytest.fixture
+def stopped_jobs(tmp_path) -> tuple[Path, Path]:
+    """The work folders of a job stopped as `run_all` stops its jobs, and of one queued after it in its process."""
+    first, queued = tmp_path / "first", tmp_path / "queued"
+    first.mkdir()
+    queued.mkdir()
+    ctx = mp.get_context("spawn")
+    slots = ctx.Queue()
+    slots.put(0)
+    with cf.ProcessPoolExecutor(
+        1, mp_context=ctx, initializer=parallel._start_worker, initargs=(os.getpid(), 1, slots)
+    ) as pool:
+        running = pool.submit(parallel._stoppable, held_until_stopped, first)
+        pool.submit(parallel._stoppable, held_until_stopped, queued)
+        deadline = time.monotonic() + 60
+        while not (first / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for worker in mp.active_children():
+            worker.terminate()
+        cf.wait([running], 60)
+    return first, queued
+
+
+def test_a_job_stopped_by_sigterm_runs_its_clean_ups(stopped_jobs):
+    first, _ = stopped_jobs
+    assert (first / "stopped").read_text() == "Terminated"
+
+
+def test_a_process_whose_job_was_stopped_starts_no_job_queued_for_it(stopped_jobs):
+    _, queued = stopped_jobs
+    assert not (queued / "started").exists()
 
 
 def failed(error: Exception) -> cf.Future:
@@ -97,7 +141,7 @@ def submitted(monkeypatch) -> list[tuple[str, bool]]:
         def __init__(self, workers, **kwargs):
             super().__init__(workers)
 
-        def submit(self, fn, recipe, name, baseline, force):
+        def submit(self, fn, job, recipe, name, baseline, force):
             jobs.append((name, baseline))
             return super().submit(lambda: None)
 
