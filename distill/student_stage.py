@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write
-from edgedistill.common.bundle import TOKENIZER, TOKENIZER_CONFIG, tokenizer_config, tokenizer_json
+from edgedistill.common.bundle import CONFIG, TOKENIZER, TOKENIZER_CONFIG, tokenizer_config, tokenizer_json
 from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs
 from edgedistill.common.text import read_texts
-from edgedistill.distill import device, dist, heads, pretrain
+from edgedistill.distill import device, dist, heads, pretrain, stages
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
 from edgedistill.distill.losses import attention_kl, combine, hard_ce, hidden_mse, kd_kl, layer_map, logit_mse
@@ -199,7 +199,8 @@ def student_config(recipe: Recipe, spec: StudentRun, vocab_size: int, pad_token_
 
 def teacher_config(recipe: Recipe):
     """The transformers config of the teacher's architecture: its init checkpoint's (pretraining continues it),
-    else a BERT's from the recipe's sizes."""
+    else a BERT's from the recipe's sizes; where the init cannot be read (a folder gone, a Hub name not cached
+    offline), the built teacher's."""
     if recipe.model.init is None:
         cfg = recipe.model
         return BertConfig(
@@ -212,6 +213,9 @@ def teacher_config(recipe: Recipe):
     try:
         return AutoConfig.from_pretrained(recipe.model.init)
     except (OSError, ValueError) as err:
+        built = stages.teacher(recipe).folder
+        if (built / CONFIG).is_file():
+            return AutoConfig.from_pretrained(built)
         raise RecipeError(
             f"{recipe.model.init}: cannot read its config ({err}); model.init must name a checkpoint"
         ) from err

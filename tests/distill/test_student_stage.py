@@ -414,6 +414,25 @@ def test_a_transformer_student_sized_as_its_bert_teacher_passes_the_check(tmp_pa
     assert check_students(_recipe_from(tmp_path, config), ["transformer"]) is None
 
 
+def _recipe_with_built_teacher(tmp_path, monkeypatch, config) -> object:
+    """The smoke recipe with `model.init` a folder that is gone, and a built teacher of `config` in its run folder."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"model.init": str(tmp_path / "gone")})
+    config.save_pretrained(stages.teacher(recipe).folder)
+    return recipe
+
+
+def test_a_student_passes_the_check_against_the_built_teacher_where_model_init_is_gone(tmp_path, monkeypatch):
+    config = BertConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128)
+    assert check_students(_recipe_with_built_teacher(tmp_path, monkeypatch, config), ["transformer"]) is None
+
+
+def test_a_student_wider_than_the_built_teacher_is_refused_where_model_init_is_gone(tmp_path, monkeypatch):
+    config = BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=128)
+    with pytest.raises(RecipeError, match="sizes differ: hidden_size 64 vs 32"):
+        check_students(_recipe_with_built_teacher(tmp_path, monkeypatch, config), ["transformer"])
+
+
 def test_a_cross_entropy_on_a_transfer_set_without_train_rows_is_refused_before_the_transfer_set():
     recipe = load_recipe(
         ROOT / "recipes" / "smoke.yaml", {"transfer.include_train": False, "distill.students.cnn.losses.ce": 0.5}
