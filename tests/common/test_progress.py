@@ -67,18 +67,21 @@ def test_an_open_ended_count_has_no_share_or_time_left(clock, capsys):
     assert lines_of(capsys) == ["[label] 50 sent, 5 sent/s, 0:10 elapsed"]
 
 
-def test_a_count_past_a_million_is_whole_with_thousands_separators(clock, capsys):
+@pytest.fixture
+def million_lines_read(clock, capsys) -> str:
+    """The status line of 1,234,567 of 2,000,000 lines read in 40 s."""
     counter = StatusLines(2_000_000, "read", "line", 0, every=40, clock=clock)
     clock.now = 40
     counter.update(1_234_567)
-    assert lines_of(capsys)[0].startswith("[read] 1,234,567/2,000,000 line (62%), ")
+    return capsys.readouterr().err
 
 
-def test_a_rate_past_a_thousand_per_second_is_whole_with_thousands_separators(clock, capsys):
-    counter = StatusLines(2_000_000, "read", "line", 0, every=40, clock=clock)
-    clock.now = 40
-    counter.update(1_234_567)
-    assert ", 30,864 line/s, " in capsys.readouterr().err
+def test_a_count_past_a_million_is_whole_with_thousands_separators(million_lines_read):
+    assert million_lines_read.startswith("[read] 1,234,567/2,000,000 line (62%), ")
+
+
+def test_a_rate_past_a_thousand_per_second_is_whole_with_thousands_separators(million_lines_read):
+    assert ", 30,864 line/s, " in million_lines_read
 
 
 def test_a_rate_below_a_hundred_per_second_keeps_three_figures(clock, capsys):

@@ -195,23 +195,25 @@ def test_too_few_lines_to_hold_out_fail_naming_the_settings():
     )
 
 
-def test_too_few_held_out_lines_for_one_block_fail_naming_the_settings():
-    args = ["--pretrain.eval_files=[]", "--pretrain.eval_holdout_lines=1", "--pretrain.seq_len=2048"]
-    result = run_here("distill", "pretrain", ROOT / "recipes" / "smoke.yaml", *args)
-    refusal = (
-        "error: pretrain.eval_holdout_lines=1: the lines held out of pretrain.train_files for evaluation hold fewer "
-        "tokens than one block of pretrain.seq_len=2048; raise eval_holdout_lines, name pretrain.eval_files, or lower"
-    )
-    assert refusal in result.stderr
-
-
-def test_a_training_text_too_short_for_one_block_fails_naming_the_settings():
-    args = ["--pretrain.train_max_lines=1", "--pretrain.seq_len=2048"]
-    result = run_here("distill", "pretrain", ROOT / "recipes" / "smoke.yaml", *args)
-    refusal = (
-        "error: pretrain.train_files: the training text holds fewer tokens than one block of pretrain.seq_len=2048; "
-        "add lines or raise pretrain.train_max_lines, or lower seq_len"
-    )
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (
+            ["--pretrain.eval_files=[]", "--pretrain.eval_holdout_lines=1"],
+            "error: pretrain.eval_holdout_lines=1: the lines held out of pretrain.train_files for evaluation hold "
+            "fewer tokens than one block of pretrain.seq_len=2048; raise eval_holdout_lines, name pretrain.eval_files, "
+            "or lower",
+        ),
+        (
+            ["--pretrain.train_max_lines=1"],
+            "error: pretrain.train_files: the training text holds fewer tokens than one block of "
+            "pretrain.seq_len=2048; add lines or raise pretrain.train_max_lines, or lower seq_len",
+        ),
+    ],
+    ids=["too few held-out lines", "a training text too short"],
+)
+def test_a_corpus_too_short_for_one_block_fails_naming_the_settings(args, refusal):
+    result = run_here("distill", "pretrain", ROOT / "recipes" / "smoke.yaml", *args, "--pretrain.seq_len=2048")
     assert refusal in result.stderr
 
 

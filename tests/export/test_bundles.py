@@ -529,6 +529,11 @@ def test_fp16_conversion_keeps_fp32_io(smoke_bundles, tmp_path):
 HUB_BUNDLES = ("teacher-int8", "bilstm-int8", "cnn-folded", "transformer-fused")
 
 
+def hash_after(bundle: str, *overrides: str) -> str:
+    """The config hash of the smoke recipe's bundle stage `bundle` with `overrides` given."""
+    return stages.bundle(load_recipe(SMOKE, parse_overrides(list(overrides))), bundle).config_hash
+
+
 def test_a_bundle_stage_at_the_default_tie_margin_hashes_no_tie_margin():
     """So bundles built before export.tie_margin existed stay current."""
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
@@ -536,48 +541,36 @@ def test_a_bundle_stage_at_the_default_tie_margin_hashes_no_tie_margin():
 
 
 def test_a_bundle_stage_is_stale_when_the_tie_margin_is_set():
-    before = stages.bundle(load_recipe(SMOKE), "bilstm-int8").config_hash
-    recipe = load_recipe(SMOKE, parse_overrides(["--export.tie_margin=0"]))
-    assert stages.bundle(recipe, "bilstm-int8").config_hash != before
+    assert hash_after("bilstm-int8", "--export.tie_margin=0") != hash_after("bilstm-int8")
 
 
 @pytest.mark.parametrize("gate", ["min_agreement", "min_fp16_agreement"])
 def test_an_int8_bundle_stage_is_current_when_another_precisions_gate_changes(gate):
     """The INT8 labeller, and the transfer set it labelled, are not built again for an fp16 or fp32 gate."""
-    before = stages.bundle(load_recipe(SMOKE), "teacher-int8").config_hash
-    recipe = load_recipe(SMOKE, parse_overrides([f"--export.{gate}=0.9"]))
-    assert stages.bundle(recipe, "teacher-int8").config_hash == before
+    assert hash_after("teacher-int8", f"--export.{gate}=0.9") == hash_after("teacher-int8")
 
 
 def test_an_fp16_bundle_stage_is_stale_when_its_gate_changes():
-    before = stages.bundle(load_recipe(SMOKE), "cnn-folded").config_hash
-    recipe = load_recipe(SMOKE, parse_overrides(["--export.min_fp16_agreement=0.9"]))
-    assert stages.bundle(recipe, "cnn-folded").config_hash != before
+    assert hash_after("cnn-folded", "--export.min_fp16_agreement=0.9") != hash_after("cnn-folded")
 
 
 def test_an_fp16_bundle_stage_is_current_when_the_int8_calibration_count_changes():
-    before = stages.bundle(load_recipe(SMOKE), "cnn-folded").config_hash
-    recipe = load_recipe(SMOKE, parse_overrides(["--export.calibration_sentences=64"]))
-    assert stages.bundle(recipe, "cnn-folded").config_hash == before
+    assert hash_after("cnn-folded", "--export.calibration_sentences=64") == hash_after("cnn-folded")
 
 
 def test_a_static_int8_bundle_stage_is_stale_when_its_calibration_count_changes():
-    before = stages.bundle(load_recipe(SMOKE), "transformer-int8-static").config_hash
-    recipe = load_recipe(SMOKE, parse_overrides(["--export.calibration_sentences=64"]))
-    assert stages.bundle(recipe, "transformer-int8-static").config_hash != before
+    assert hash_after("transformer-int8-static", "--export.calibration_sentences=64") != hash_after(
+        "transformer-int8-static"
+    )
 
 
 def test_a_smoothed_bundle_stage_is_current_when_the_int8_calibration_count_changes():
     """A smoothed labeller, and the transfer set it labelled, are not built again for an engine's calibration."""
-    before = stages.bundle(load_recipe(SMOKE), "transformer-int8").config_hash
-    recipe = load_recipe(SMOKE, parse_overrides(["--export.calibration_sentences=64"]))
-    assert stages.bundle(recipe, "transformer-int8").config_hash == before
+    assert hash_after("transformer-int8", "--export.calibration_sentences=64") == hash_after("transformer-int8")
 
 
 def test_a_smoothed_bundle_stage_is_stale_when_its_smoothing_count_changes():
-    before = stages.bundle(load_recipe(SMOKE), "transformer-int8").config_hash
-    recipe = load_recipe(SMOKE, parse_overrides(["--export.smooth_sentences=64"]))
-    assert stages.bundle(recipe, "transformer-int8").config_hash != before
+    assert hash_after("transformer-int8", "--export.smooth_sentences=64") != hash_after("transformer-int8")
 
 
 def test_a_smoothed_bundle_recorded_with_the_calibration_count_by_an_earlier_release_is_current():
