@@ -500,8 +500,10 @@ def apply_override(raw: dict, dotted: str, value, given: str = "") -> None:
 
 
 def parse_overrides(args: list[str]) -> dict[str, object]:
-    """`["--a.b=1", "--c=x"]` -> `{"a.b": 1, "c": "x"}`; values are YAML scalars, or a mapping or list (`{lr: 1e-4}`)."""
-    out = {}
+    """`["--a.b=1", "--c=x"]` -> `{"a.b": 1, "c": "x"}`; values are YAML scalars, or a mapping or list (`{lr: 1e-4}`).
+    A key given twice, or inside a section given whole (`--a.b.c=1 --a.b={d: 2}`), is refused, as a key written twice
+    in a recipe is (`_Loader`): which of the two counts would depend on their order."""
+    out, given = {}, {}  # key -> the argument that gave it
     for index, arg in enumerate(args):
         if arg.startswith("--") and arg[2:] in Recipe.model_fields:  # `--name x`: a recipe key, its value after a space
             raise RecipeError(f"{arg}: an override gives its value after =, not a space: {arg}=VALUE")
@@ -510,6 +512,9 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
         if not arg.startswith("--") or "=" not in arg:
             raise RecipeError(f"override {arg!r} must look like --section.key=value")
         key, _, value = arg[2:].partition("=")
+        if clash := next((other for other in given if _overlap(key, other)), None):
+            raise RecipeError(_clash(given[clash], arg))
+        given[key] = arg
         try:
             out[key] = _scalar(key, value) if value else None
         except yaml.YAMLError as err:
@@ -518,6 +523,23 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
                 f"override --{key}: {value!r} is not a YAML value ({problem}); {_quoting(args, index)}"
             ) from None
     return out
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether the dotted keys `a` and `b` name one setting, or one is inside the other."""
+    return a == b or a.startswith(f"{b}.") or b.startswith(f"{a}.")
+
+
+def _clash(earlier: str, later: str) -> str:
+    """The error for two overrides, as given, that set one key (`_overlap`)."""
+    outer, inner = sorted((earlier, later), key=lambda arg: arg.partition("=")[0].count("."))
+    key, section = inner[2:].partition("=")[0], outer[2:].partition("=")[0]
+    if key == section:
+        return f"override --{key} is given twice ({earlier} and {later}), and only the last would count: keep one"
+    return (
+        f"overrides {earlier} and {later} both set {key}, as {outer} gives {section} whole, and which counts would "
+        "depend on their order: keep one (merge the two)"
+    )
 
 
 def _quoting(args: list[str], index: int) -> str:
@@ -698,9 +720,9 @@ def _read(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, dict[str, Pat
 def _refuse_inherited_splits(path: Path, top: dict, base: dict, merged: dict, base_written: dict[str, Path]) -> None:
     """A recipe that sets a `data.train` of its own but takes its dev or test split from a recipe it extends would score
     its models on that recipe's task, a mistake no figure would show: refused, naming the split and the recipe it comes
-    from. (Labels renamed over the base's files, or its train file written again, keep its splits.)"""
+    from. (Labels renamed over the base's files, or its train file named again (`_same_file`), keep its splits.)"""
     data = top.get("data") if isinstance(top.get("data"), dict) else {}
-    if "train" not in data or data["train"] == (base.get("data") or {}).get("train"):
+    if "train" not in data or _same_file(data["train"], (base.get("data") or {}).get("train")):
         return
     for split in ("dev", "test"):
         inherited = (merged.get("data") or {}).get(split)

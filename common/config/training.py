@@ -8,7 +8,7 @@ from edgedistill.common.config.strict import Name, Strict
 from edgedistill.common.names import did_you_mean
 from edgedistill.common.text import shows_nothing
 from edgedistill.common.textstyle import Style
-from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 Metric = Literal["accuracy", "macro_f1", "f1"]
 METRIC_NAMES: dict[str, str] = {"accuracy": "accuracy", "macro_f1": "macro-F1", "f1": "F1"}
@@ -257,7 +257,24 @@ class OptimConfig(Strict):
     hashed_as_default = frozenset({"grad_accum"})
 
 
-class PretrainConfig(Strict):
+class WithPresets(Strict):
+    """A section whose sections default to a preset (`optim: OptimConfig = OptimConfig(lr=1e-4)`): a mapping given for
+    one, in a recipe or by dotted overrides, sets its keys over the preset, so the keys it leaves out keep the preset's
+    values rather than their section's defaults."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _over_the_presets(cls, data):
+        if not isinstance(data, dict):
+            return data
+        return data | {
+            name: field.default.model_dump(exclude_unset=True) | data[name]
+            for name, field in cls.model_fields.items()
+            if isinstance(field.default, BaseModel) and isinstance(data.get(name), dict)
+        }
+
+
+class PretrainConfig(WithPresets):
     """Masked-LM (BERT) or causal-LM (GPT) pretraining, from scratch or continued from `model.init`."""
 
     train_files: list[str] = Field(min_length=1)
@@ -302,6 +319,9 @@ class FinetuneConfig(Strict):
     hashed_when_set = frozenset({"reinit_layers", "pooling"})
 
 
+AUGMENTATION = frozenset({"max_augmented", "p_mask", "p_replace", "p_ngram"})
+
+
 class TransferConfig(Strict):
     """The transfer set: unlabelled sentences plus Tang et al. augmentations of the train inputs."""
 
@@ -314,7 +334,12 @@ class TransferConfig(Strict):
     )
     max_unlabelled: int | None = Field(None, gt=0, description="sentences kept, drawn from every line read")
     include_train: bool = True
-    n_iter: int = Field(20, ge=0, description="augmented samples drawn per train example")
+    n_iter: int = Field(
+        20,
+        ge=0,
+        description="augmented samples drawn per train example; at 0, max_augmented, p_mask, p_replace and p_ngram "
+        "are not read, and changing one builds nothing again",
+    )
     max_augmented: int | None = Field(None, gt=0)
     p_mask: float = Field(0.1, ge=0, le=1)
     p_replace: float = Field(0.1, ge=0, le=1)
@@ -368,6 +393,10 @@ class TransferConfig(Strict):
     @classmethod
     def _plain_text(cls, files: list[str], info: ValidationInfo) -> list[str]:
         return plain_text_files("transfer", files, info)
+
+    def unread(self) -> frozenset[str]:
+        """Where `n_iter` draws no sample, the settings of the samples (`AUGMENTATION`)."""
+        return super().unread() | (AUGMENTATION if not self.n_iter else frozenset())
 
     @property
     def masks(self) -> float:
@@ -447,7 +476,7 @@ class LossWeights(Strict):
         return self
 
 
-class StudentRun(Strict):
+class StudentRun(WithPresets):
     """One student: its architecture, optimizer and losses; the baseline reuses all but the losses."""
 
     model: StudentConfig

@@ -6,7 +6,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.config import training
 from edgedistill.common.config.export import DYNAMIC_INT8_OPS
-from edgedistill.common.config.training import DataConfig
+from edgedistill.common.config.training import DataConfig, OptimConfig
 from edgedistill.common.providers import PROVIDERS
 from edgedistill.common.recipe import (
     RecipeError,
@@ -159,9 +159,14 @@ def test_a_hidden_size_the_heads_do_not_divide_is_refused(tmp_path):
         )
 
 
-def test_sizes_of_a_model_from_scratch_are_not_checked_under_an_init_checkpoint(tmp_path):
+def test_heads_that_do_not_divide_the_width_are_not_refused_under_an_init_checkpoint(tmp_path):
     sized = MINIMAL.replace("{init: some/model}", "{init: some/model, hidden_size: 10, num_heads: 3}")
     assert load_recipe(write(tmp_path, sized)).model.init == "some/model"
+
+
+def test_a_size_of_a_model_from_scratch_off_its_range_is_refused_under_an_init_checkpoint(tmp_path):
+    with pytest.raises(RecipeError, match=r"model\.vocab_size: Input should be greater than or equal to 100"):
+        load_recipe(write(tmp_path, MINIMAL), {"model.vocab_size": 50})
 
 
 def test_sizes_of_a_model_from_scratch_leave_the_hash_of_one_from_an_init_checkpoint_unchanged(tmp_path):
@@ -275,6 +280,32 @@ def test_an_override_that_is_not_yaml_is_refused_naming_it(arg):
     key = arg[2:].partition("=")[0]
     with pytest.raises(RecipeError, match=rf"^override --{re.escape(key)}: .* is not a YAML value"):
         parse_overrides([arg])
+
+
+def test_an_override_given_twice_is_refused_naming_both():
+    message = r"^override --finetune\.optim\.lr is given twice \(--finetune\.optim\.lr=1 and --finetune\.optim\.lr=2\)"
+    with pytest.raises(RecipeError, match=message):
+        parse_overrides(["--finetune.optim.lr=1", "--finetune.optim.lr=2"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--finetune.optim.lr=2", "--finetune.optim={epochs: 5}"],
+        ["--finetune.optim={epochs: 5}", "--finetune.optim.lr=2"],
+    ],
+)
+def test_an_override_inside_a_section_another_gives_whole_is_refused_naming_both(args):
+    message = rf"^overrides {re.escape(args[0])} and {re.escape(args[1])} both set finetune\.optim\.lr"
+    with pytest.raises(RecipeError, match=message):
+        parse_overrides(args)
+
+
+def test_overrides_of_keys_that_share_a_prefix_are_taken():
+    assert parse_overrides(["--finetune.optim.lr=1", "--finetune.optim.lr_x=2"]) == {
+        "finetune.optim.lr": 1,
+        "finetune.optim.lr_x": 2,
+    }
 
 
 def test_a_mapping_the_shell_split_at_a_space_is_to_be_quoted_whole():
@@ -461,6 +492,50 @@ def test_the_collectives_timeout_leaves_the_hash_unchanged(tmp_path):
 
 def test_the_collectives_timeout_is_30_minutes_by_default(tmp_path):
     assert load_recipe(write(tmp_path, MINIMAL)).runtime.collective_timeout_s == 1800
+
+
+STUDENT = MINIMAL + (
+    "transfer: {unlabelled_files: [u.txt]}\n"
+    "distill: {deploy: cnn, students: {cnn: {model: {arch: cnn}, optim: {epochs: 3}}}}\n"
+)
+
+
+def test_a_students_optim_that_sets_some_keys_keeps_the_students_preset_for_the_others(tmp_path):
+    optim = load_recipe(write(tmp_path, STUDENT)).distill.students["cnn"].optim
+    assert optim == OptimConfig(lr=1e-3, batch_size=64, epochs=3)
+
+
+def test_a_dotted_override_of_a_students_optim_keeps_the_students_preset_for_the_others(tmp_path):
+    overrides = parse_overrides(["--distill.students.extra.model.arch=cnn", "--distill.students.extra.optim.epochs=3"])
+    optim = load_recipe(write(tmp_path, STUDENT), overrides).distill.students["extra"].optim
+    assert optim == OptimConfig(lr=1e-3, batch_size=64, epochs=3)
+
+
+def test_a_pretrain_optim_that_sets_some_keys_keeps_the_pretrain_preset_for_the_others(tmp_path):
+    text = MINIMAL + "pretrain: {train_files: [a.txt], optim: {max_steps: 400}}\n"
+    assert load_recipe(write(tmp_path, text)).pretrain.optim == OptimConfig(lr=1e-4, max_steps=400)
+
+
+def test_a_key_a_students_optim_sets_wins_over_the_preset(tmp_path):
+    optim = load_recipe(write(tmp_path, STUDENT.replace("epochs: 3", "lr: 0.01"))).distill.students["cnn"].optim
+    assert optim == OptimConfig(lr=0.01, batch_size=64)
+
+
+AUGMENTATION = {"max_augmented": 10, "p_mask": 0.3, "p_replace": 0.3, "p_ngram": 0.5}
+
+
+@pytest.mark.parametrize("key", AUGMENTATION)
+def test_an_augmentation_setting_leaves_the_transfer_hash_unchanged_where_nothing_is_augmented(tmp_path, key):
+    path = write(tmp_path, MINIMAL + "transfer: {unlabelled_files: [u.txt], n_iter: 0}\n")
+    changed = load_recipe(path, {f"transfer.{key}": AUGMENTATION[key]})
+    assert load_recipe(path).section_hash("transfer") == changed.section_hash("transfer")
+
+
+@pytest.mark.parametrize("key", AUGMENTATION)
+def test_an_augmentation_setting_changes_the_transfer_hash_where_texts_are_augmented(tmp_path, key):
+    path = write(tmp_path, MINIMAL + "transfer: {unlabelled_files: [u.txt]}\n")
+    changed = load_recipe(path, {f"transfer.{key}": AUGMENTATION[key]})
+    assert load_recipe(path).section_hash("transfer") != changed.section_hash("transfer")
 
 
 def test_the_finetune_hash_of_default_settings_is_the_one_runs_were_built_with(tmp_path):
@@ -1042,6 +1117,14 @@ def test_a_recipe_with_its_own_train_split_and_a_grandparents_dev_split_is_refus
 def test_a_recipe_that_writes_the_bases_train_split_again_takes_its_splits(tmp_path):
     write(tmp_path, MINIMAL, "base.yaml")
     assert load_recipe(write(tmp_path, "extends: base.yaml\ndata: {train: a.tsv}\n")).data.dev == "b.tsv"
+
+
+def test_a_recipe_that_names_the_bases_train_split_through_a_link_takes_its_splits(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.tsv").write_text("sentence\tlabel\n")
+    (tmp_path / "link.tsv").symlink_to(tmp_path / "a.tsv")
+    write(tmp_path, MINIMAL, "base.yaml")
+    assert load_recipe(write(tmp_path, "extends: base.yaml\ndata: {train: link.tsv}\n")).data.dev == "b.tsv"
 
 
 def test_a_recipe_that_replaces_the_bases_data_section_takes_no_split_of_it(tmp_path):
