@@ -187,11 +187,25 @@ def on_onnx_runtime(bundles: list[Bundle]) -> bool:
     return any(bundle.spec.runtime == "onnxruntime" for bundle in bundles)
 
 
-def load_cascade(folder: str | Path) -> Cascade:
-    """Read and verify a cascade: every file's sha256, each member's manifest against the hash the cascade recorded,
-    each member as a bundle, and members that agree on labels and inputs."""
+def _member_files(manifest: mf.Manifest, member: str) -> dict[str, mf.FileEntry]:
+    """The files the cascade's `manifest` lists in `members/<member>/`, by their names in the member, its manifest
+    and card aside: those the member's own manifest lists, in a cascade built from a verified bundle."""
+    prefix = f"{MEMBERS}/{member}/"
+    own = (f"{prefix}{mf.MANIFEST}", f"{prefix}{mf.CARD}")
+    return {
+        name.removeprefix(prefix): entry
+        for name, entry in manifest.files.items()
+        if name.startswith(prefix) and name not in own
+    }
+
+
+def load_cascade(folder: str | Path, verify: bool = True) -> Cascade:
+    """Read and verify a cascade: every file's sha256 (unless `verify` is off: a server reads and verifies each
+    member's files as it loads them), each member's manifest against the hash the cascade recorded and its files as
+    the cascade lists them (so the cascade's sha256 check covers the member's own), and members that agree on labels
+    and inputs."""
     folder = Path(folder)
-    manifest, digest = mf.read(folder)
+    manifest, digest = mf.read(folder, verify=verify)
     spec = cascade_spec(folder, manifest)
     members = []
     for member in spec.members:
@@ -206,7 +220,12 @@ def load_cascade(folder: str | Path) -> Cascade:
                 f"{folder}: member {member.bundle} is missing or not the bundle the cascade was built with "
                 "(its manifest's sha256 differs): rebuild the cascade"
             )
-        bundle = load_bundle(path)
+        bundle = load_bundle(path, verify=False)
+        if _member_files(manifest, member.bundle) != bundle.manifest.files:
+            raise mf.ArtifactError(
+                f"{folder}: member {member.bundle}'s files are not those its manifest lists (copied from a changed "
+                "bundle): rebuild the member, then the cascade"
+            )
         if bundle.spec.labels != spec.labels or bundle.spec.text_inputs != spec.text_inputs:
             raise mf.ArtifactError(
                 f"{folder}: member {member.bundle} takes {bundle.spec.text_inputs} with labels {bundle.spec.labels}, "

@@ -12,7 +12,7 @@ answers of `common.cascade.route` on every member's logits.
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +37,7 @@ from edgedistill.serve.errors import (
     UnreadableText,
 )
 from edgedistill.serve.host import MemberDescription, ModelDescription, ModelRuntime, Scores, check_pairs
-from edgedistill.serve.metrics import Metrics
+from edgedistill.serve.metrics import MemberObserver, Metrics
 from edgedistill.serve.settings import Settings, env_name, flag_name
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ def pick(values: list[str] | None, rows: np.ndarray) -> list[str] | None:
 
 
 class CascadeRuntime:
-    """A verified cascade, one `ModelRuntime` per member; serves as a `ModelRuntime` does (see its docstring)."""
+    """A verified cascade, one `ModelRuntime` per member (with its `MemberObserver` where there are `metrics`); serves
+    as a `ModelRuntime` does (see its docstring)."""
 
     def __init__(
         self,
@@ -75,10 +76,12 @@ class CascadeRuntime:
         members: list[ModelRuntime],
         settings: Settings,
         metrics: Metrics | None = None,
+        observers: Sequence[MemberObserver] = (),
     ):
         self.cascade = cascade
         self.spec: CascadeSpec = cascade.spec
         self.members = members
+        self.observers = observers
         self.ids = [member.bundle for member in self.spec.members]
         self.settings = settings
         self.metrics = metrics
@@ -96,16 +99,20 @@ class CascadeRuntime:
         metrics: Metrics | None = None,
         on_fault: Callable[[ServerFault], None] | None = None,
     ) -> "CascadeRuntime":
-        """Verify the cascade in `folder` (every file, each member's manifest against the hash it recorded) and
-        load each member as a bundle; `BundleRejected` says why it cannot be served."""
+        """Check the cascade in `folder` (each member's manifest against the hash it recorded) and load each member
+        as a bundle, which verifies every file of the member as it reads it; `BundleRejected` says why it cannot be
+        served."""
         try:
-            cascade = load_cascade(folder)
+            cascade = load_cascade(folder, verify=False)  # each member's files are verified as ModelRuntime reads them
         except mf.ArtifactError as err:
             raise BundleRejected(f"cascade refused: {err}") from err
+        observers = (
+            [] if metrics is None else [metrics.member(cascade.spec.name, m.bundle) for m in cascade.spec.members]
+        )
         members: list[ModelRuntime] = []
         try:
-            for member, bundle in zip(cascade.spec.members, cascade.members, strict=True):
-                observer = None if metrics is None else metrics.member(cascade.spec.name, member.bundle)
+            for index, (member, bundle) in enumerate(zip(cascade.spec.members, cascade.members, strict=True)):
+                observer = observers[index] if observers else None
                 try:
                     runtime = ModelRuntime.load(bundle.folder, settings, observer, on_fault)
                 except BundleRejected as err:
@@ -120,7 +127,7 @@ class CascadeRuntime:
             for runtime in members:
                 runtime.release()
             raise
-        return cls(cascade, members, settings, metrics)
+        return cls(cascade, members, settings, metrics, observers)
 
     @property
     def name(self) -> str:
@@ -224,10 +231,8 @@ class CascadeRuntime:
         if self.metrics is not None:
             self.metrics.request_done(sum(waits))  # once per request, as a bundle's batcher records it
             answered = np.array([self.ids.index(member) for member in scores.answered_by])
-            for index, member in enumerate(self.ids):
-                self.metrics.routed(
-                    self.name,
-                    member,
+            for index, observer in enumerate(self.observers):
+                observer.routed(
                     answered=int((answered == index).sum()),
                     escalated=int((answered > index).sum()),
                     refused=int(((answered == index) & scores.escalation_refused).sum()),
@@ -302,7 +307,9 @@ class CascadeRuntime:
             inputs=(),
             bundle_path=str(self.folder),
             bundle_sha256=self.manifest_sha256,
-            max_batch_size=members[0].max_batch_size,
+            max_batch_size=min(
+                member.max_batch_size for member in members
+            ),  # the most rows every member takes in one call
             text_style=members[0].text_style,
             cascade_rule=self.spec.rule,
             cascade_members=tuple(

@@ -1,6 +1,8 @@
 """Prometheus metrics of one server, in its own registry, served over HTTP at `/metrics` (`serve.exposition`); with
 several workers, the supervisor serves their sum."""
 
+from typing import NamedTuple
+
 import grpc
 from edgedistill.serve.batching import BatchObserver, DropReason
 from edgedistill.serve.exposition import MODEL_INFO, serve_http, stop_http
@@ -214,7 +216,7 @@ class Metrics(BatchObserver):
     def member_queue_depth(self, observer: "MemberObserver", rows: int) -> None:
         """Rows waiting for the batch of `observer`'s cascade member; the server's queue depth is the members' sum."""
         self._member_depths[observer.labels] = observer, rows
-        self.member_depth.labels(*observer.labels).set(rows)
+        observer.series.depth.set(rows)
         self._sum_member_depths()
 
     def member_retired(self, observer: "MemberObserver") -> None:
@@ -232,7 +234,7 @@ class Metrics(BatchObserver):
         writer, _ = self._member_depths.get(observer.labels, (observer, 0))
         if writer is not observer:
             return
-        self.member_depth.labels(*observer.labels).set(0)  # at 0, not removed: multiprocess mode keeps its file's value
+        observer.series.depth.set(0)  # at 0, not removed: multiprocess mode keeps its file's value
         if self._member_depths.pop(observer.labels, None) is not None:
             self._sum_member_depths()
 
@@ -244,25 +246,24 @@ class Metrics(BatchObserver):
         appear when its batcher starts (`member_started`)."""
         return MemberObserver(self, cascade, member)
 
-    def member_started(self, observer: "MemberObserver") -> None:
-        """`observer`'s member started taking batches, its cascade warm: its series start at zero, so a member that has
-        not answered yet (or whose calls never queue) is scraped as 0, not missing, and a cascade that failed to load
-        or warm up adds none."""
-        for family in (
-            self.cascade_answered,
-            self.cascade_escalated,
-            self.cascade_refused,
-            self.member_inference,
-            self.member_queue_wait,
-            self.member_depth,
-        ):
-            family.labels(*observer.labels)
-
-    def routed(self, cascade: str, member: str, answered: int, escalated: int, refused: int) -> None:
-        """A cascade request's texts at `member`: answered there, passed on, and refused by the next member."""
-        self.cascade_answered.labels(cascade, member).inc(answered)
-        self.cascade_escalated.labels(cascade, member).inc(escalated)
-        self.cascade_refused.labels(cascade, member).inc(refused)
+    def member_started(self, observer: "MemberObserver") -> "MemberSeries":
+        """`observer`'s member started taking batches, its cascade warm: its series, made now at zero, so a member that
+        has not answered yet (or whose calls never queue) is scraped as 0, not missing, and a cascade that failed to
+        load or warm up adds none. A member of the same cascade name and id, before or after a reload, gets the same
+        series."""
+        return MemberSeries(
+            *(
+                family.labels(*observer.labels)
+                for family in (
+                    self.cascade_answered,
+                    self.cascade_escalated,
+                    self.cascade_refused,
+                    self.member_inference,
+                    self.member_queue_wait,
+                    self.member_depth,
+                )
+            )
+        )
 
     def batch_done(self, rows: int, seconds: float) -> None:
         self.batch_size.observe(rows)
@@ -288,34 +289,56 @@ class Metrics(BatchObserver):
             self._http = None
 
 
+class MemberSeries(NamedTuple):
+    """A cascade member's children of the cascade families, looked up once (`Metrics.member_started`): a `labels()`
+    lookup per request or batch cost more than the counting."""
+
+    answered: Counter
+    escalated: Counter
+    refused: Counter
+    inference: Histogram
+    queue_wait: Histogram
+    depth: Gauge
+
+
 class MemberObserver(BatchObserver):
     """A cascade member's batcher: the server's batch metrics, plus the member's own backend time, queue depth and
-    queue wait (the cascade records each request's total wait in the server's, `CascadeRuntime.classify`)."""
+    queue wait (the cascade records each request's total wait in the server's, `CascadeRuntime.classify`), and its
+    routed texts."""
 
     def __init__(self, metrics: Metrics, cascade: str, member: str):
         self.metrics = metrics
         self.labels = (cascade, member)
-        self.started = False
+        self._series: MemberSeries | None = None
+
+    @property
+    def series(self) -> MemberSeries:
+        if self._series is None:  # at the batcher's first report, its start
+            self._series = self.metrics.member_started(self)
+        return self._series
 
     def queue_depth(self, rows: int) -> None:
-        if not self.started:  # the batcher's first report, at its start
-            self.started = True
-            self.metrics.member_started(self)
         self.metrics.member_queue_depth(self, rows)
 
     def retired(self) -> None:
         self.metrics.member_retired(self)
 
     def closed(self) -> None:
-        if self.started:  # else it wrote no series: a cascade closed after a failed warm-up leaves none
+        if self._series is not None:  # else it wrote no series: a cascade closed after a failed warm-up leaves none
             self.metrics.member_closed(self)
+
+    def routed(self, answered: int, escalated: int, refused: int) -> None:
+        """A cascade request's texts at this member: answered here, passed on, and refused by the next member."""
+        self.series.answered.inc(answered)
+        self.series.escalated.inc(escalated)
+        self.series.refused.inc(refused)
 
     def batch_done(self, rows: int, seconds: float) -> None:
         self.metrics.batch_done(rows, seconds)
-        self.metrics.member_inference.labels(*self.labels).observe(seconds)
+        self.series.inference.observe(seconds)
 
     def request_done(self, queue_wait: float) -> None:
-        self.metrics.member_queue_wait.labels(*self.labels).observe(queue_wait)
+        self.series.queue_wait.observe(queue_wait)
 
     def rows_dropped(self, rows: int, reason: DropReason) -> None:
         self.metrics.rows_dropped(rows, reason)

@@ -1,6 +1,8 @@
 """Confidence rules and routing of a cascade, on logits with known answers."""
 
 import math
+from collections import Counter
+from pathlib import Path
 from typing import get_args
 
 import numpy as np
@@ -192,6 +194,46 @@ def test_load_cascade_refuses_a_member_name_too_long_for_the_file_system(tmp_pat
     (folder / mf.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(mf.ArtifactError, match="cannot be read: File name too long"):
         load_cascade(folder)
+
+
+def checks_counted(monkeypatch) -> Counter:
+    """How often each file (by its resolved path) is checked against a manifest's sha256 from now on."""
+    from edgedistill.common import manifest as mf
+
+    checked, real = Counter(), mf._checked
+
+    def counting(folder, name, entry, keep):
+        checked[(Path(folder) / name).resolve()] += 1
+        return real(folder, name, entry, keep)
+
+    monkeypatch.setattr(mf, "_checked", counting)
+    return checked
+
+
+def test_load_cascade_hashes_each_members_model_file_once(tmp_path, monkeypatch):
+    from edgedistill.common.cascade import load_cascade
+
+    from tests.serve.conftest import write_bundle, write_cascade
+
+    small, big = write_bundle(tmp_path / "small"), write_bundle(tmp_path / "big")
+    folder = write_cascade(tmp_path / "cascade", {"small": small, "big": big}, [0.9])
+    checked = checks_counted(monkeypatch)
+    load_cascade(folder)
+    assert [checked[(folder / "members" / m / "model.onnx").resolve()] for m in ("small", "big")] == [1, 1]
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_load_cascade_refuses_a_member_copied_from_a_bundle_changed_since_it_was_built(tmp_path, verify):
+    from edgedistill.common import manifest as mf
+    from edgedistill.common.cascade import load_cascade
+
+    from tests.serve.conftest import write_bundle, write_cascade
+
+    small, big = write_bundle(tmp_path / "small"), write_bundle(tmp_path / "big")
+    (big / "model.onnx").write_bytes((big / "model.onnx").read_bytes() + b"changed")
+    folder = write_cascade(tmp_path / "cascade", {"small": small, "big": big}, [0.9])
+    with pytest.raises(mf.ArtifactError, match="member big's files are not those its manifest lists"):
+        load_cascade(folder, verify)
 
 
 def test_least_sure_first_orders_rows_by_their_confidence():

@@ -8,6 +8,7 @@ import os
 import shutil
 import threading
 import urllib.request
+from collections import Counter
 
 import grpc
 import numpy as np
@@ -15,7 +16,8 @@ import onnxruntime as ort
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import MEMBERS, ServedModels, confidence, load_cascade, route
-from edgedistill.serve import tensors
+from edgedistill.serve import host, tensors
+from edgedistill.serve.backend import load_backend
 from edgedistill.serve.cascade import load_runtime, refuse_unused_by
 from edgedistill.serve.client import SERVER_WIDE, Client
 from edgedistill.serve.errors import BundleRejected
@@ -27,6 +29,7 @@ from onnx import numpy_helper
 from prometheus_client import generate_latest
 from tokenizers import Tokenizer
 
+from tests.common.test_cascade import checks_counted
 from tests.conftest import wait_until
 from tests.serve.conftest import (
     VOCAB,
@@ -338,6 +341,21 @@ def test_model_info_of_a_cascade_gives_each_members_own_max_length(lengths_apart
     assert [member.model.max_length for member in lengths_apart.cascade_members] == [8, 16]
 
 
+def test_model_info_of_a_cascade_gives_the_most_rows_every_member_takes_in_one_call(cascade, monkeypatch):
+    def capped(bundle, settings, model=None):
+        runner = load_backend(bundle, settings, model)
+        if bundle.folder.name == TEACHER:
+            runner.max_batch_size = 16  # as a TensorRT teacher's optimisation profile caps it
+        return runner
+
+    monkeypatch.setattr(host, "load_backend", capped)
+    runtime = load_runtime(cascade, settings_for(cascade, max_batch_size=64))
+    try:
+        assert runtime.describe().max_batch_size == 16
+    finally:
+        asyncio.run(runtime.close(0))
+
+
 def test_the_clients_model_info_leaves_the_servers_fields_out_of_each_member(served_cascade):
     with Client(served_cascade.address, retries=0) as client:
         members = client.model_info()["cascade_members"]
@@ -417,6 +435,50 @@ def test_metrics_keep_apart_two_cascades_that_share_members(start_server, cascad
     assert metric(text, name, cascade="tiny-cascade", member=STUDENT) == len(SURE)
     assert metric(text, name, cascade="other-cascade", member=STUDENT) == len(SURE)
     assert metric(text, name, cascade="other-cascade", member=TEACHER) == 0
+
+
+def test_a_reload_of_a_cascade_counts_on_in_its_members_series(start_server, cascade):
+    server = start_server(settings_for(cascade))
+    with server.channel() as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+        server.call(server.server.reload())  # SIGHUP's reload of the served folder
+        stub.Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
+    assert metric(scrape(server), "edgedistill_cascade_answered_texts_total", member=STUDENT) == 2 * len(SURE)
+
+
+MEMBER_FAMILIES = (
+    "cascade_answered",
+    "cascade_escalated",
+    "cascade_refused",
+    "member_inference",
+    "member_queue_wait",
+    "member_depth",
+)
+
+
+def test_a_cascade_looks_up_each_members_series_once_however_many_requests(cascade, monkeypatch):
+    metrics = Metrics()
+    lookups = []
+    for name in MEMBER_FAMILIES:
+        family = getattr(metrics, name)
+        monkeypatch.setattr(
+            family,
+            "labels",
+            lambda *values, name=name, real=family.labels: lookups.append((name, values)) or real(*values),
+        )
+    runtime = load_runtime(cascade, settings_for(cascade), metrics)
+    runtime.warm_up()
+
+    async def serve():
+        await runtime.start()
+        for _ in range(3):
+            await runtime.classify(TEXTS, None, None)
+        await runtime.close(0)
+
+    asyncio.run(serve())
+    expected = {(name, ("tiny-cascade", member)): 1 for name in MEMBER_FAMILIES for member in (STUDENT, TEACHER)}
+    assert Counter(lookups) == expected
 
 
 MEMBER_SERIES = (
@@ -714,7 +776,7 @@ def corrupt_member(cascade, member: str = TEACHER):
 
 def test_a_cascade_with_a_corrupt_member_is_refused_at_load(tmp_path):
     folder = corrupt_member(make_cascade(tmp_path))
-    with pytest.raises(BundleRejected, match=r"cascade refused: .*members/teacher/model.onnx does not match"):
+    with pytest.raises(BundleRejected, match=r"member teacher: .*members/teacher: model.onnx does not match"):
         asyncio.run(start_and_stop(settings_for(folder)))
 
 
@@ -730,7 +792,7 @@ def test_a_server_on_a_cascade_with_a_corrupt_member_exits_with_the_reason(spawn
     process = spawn(folder)
     assert process.proc.wait(60) == 2
     failed = process.wait_for("start_failed")
-    assert "members/teacher/model.onnx does not match its sha256" in failed["msg"]
+    assert "members/teacher: model.onnx does not match its sha256" in failed["msg"]
 
 
 def test_a_reload_onto_a_corrupt_cascade_keeps_the_old_one(start_server, tmp_path):
@@ -739,10 +801,17 @@ def test_a_reload_onto_a_corrupt_cascade_keeps_the_old_one(start_server, tmp_pat
     server = start_server(settings_for(good, admin_token=ADMIN_TOKEN, reload_root=tmp_path))
     refusal = server.refused_reload(bad, ADMIN)
     assert refusal.code == grpc.StatusCode.FAILED_PRECONDITION
-    assert "members/teacher/model.onnx does not match" in refusal.details
+    assert "members/teacher: model.onnx does not match" in refusal.details
     with server.channel() as channel:
         reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=TEXTS), timeout=10)
     assert [p.answered_by for p in reply.predictions] == ANSWERED_BY
+
+
+def test_loading_a_cascade_hashes_each_members_model_file_once(cascade, monkeypatch):
+    checked = checks_counted(monkeypatch)
+    runtime = load_runtime(cascade, settings_for(cascade))
+    asyncio.run(runtime.close(0))
+    assert [checked[(cascade / MEMBERS / m / "model.onnx").resolve()] for m in (STUDENT, TEACHER)] == [1, 1]
 
 
 def test_a_member_changed_since_the_cascade_was_built_is_refused(tmp_path):

@@ -142,5 +142,15 @@ def test_observe_call_looks_up_the_labels_of_a_method_and_code_once(monkeypatch)
     assert len(lookups) == 3  # requests, latency and errors, at the first call only
 
 
+def test_two_observers_of_one_cascade_member_count_in_one_series():
+    metrics = Metrics()
+    for _ in range(2):  # a cascade's member, then that of the cascade a reload put in its place
+        observer = metrics.member("tiny-cascade", "student")
+        observer.queue_depth(0)  # its batcher starts
+        observer.routed(answered=2, escalated=1, refused=0)
+    text = generate_latest(metrics.registry).decode()
+    assert metric(text, "edgedistill_cascade_answered_texts_total", cascade="tiny-cascade", member="student") == 4
+
+
 def test_one_server_exports_its_own_process_memory():
     assert metric(generate_latest(Metrics().registry).decode(), "process_resident_memory_bytes") > 0
