@@ -177,7 +177,7 @@ def _bundle_row(bundle_id: str, folder, cfg: ModelBenchConfig, cells, metric: Me
     row = {
         "model": bundle_id,
         "precision": bundle.spec.precision,
-        "runtime": f"onnxruntime ({', '.join(providers)})",
+        "runtime": f"{bundle.spec.runtime} ({', '.join(providers)})",
         "max_length": bundle.spec.max_length,
     }
     return row | _figures(bundle.manifest.metrics, metric), timings

@@ -22,12 +22,14 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Protocol
 
 import numpy as np
+from edgedistill.common import manifest as mf
 from edgedistill.common import settings
 from edgedistill.common.bundle import MODEL_FILES, Bundle, BundleSpec
+from edgedistill.common.cascade import MEMBERS, is_cascade
 from edgedistill.common.config.export import ENGINE_BATCH, ENGINE_OPT_SEQUENCE
 from edgedistill.common.manifest import ArtifactError, sha256_file
 from edgedistill.common.providers import CPU, CUDA, TENSORRT, cuda_options, known_providers
@@ -189,23 +191,39 @@ def provider_problem(provider: str) -> str | None:
     return None if provider in session.get_providers() else _dropped_why(provider)
 
 
+def tensorrt_options(precision: str, digest: str, shapes: Shapes | None, root: PurePath) -> dict:
+    """ONNX Runtime's TensorRT provider options for a model of sha256 `digest` and `precision` (a bundle's: fp32, fp16
+    or int8): FP16 kernels for an fp16 model only (its TF32 is left to `refuse_tf32`), one optimisation profile over
+    `shapes`, an engine cache of this model's and profile's own in a folder below `root`, which the provider makes
+    (`root` must exist), and the timing cache in `root`. Without `shapes`, TensorRT builds an engine for the shapes
+    it has met, and again for each shape outside them."""
+    # The provider names an engine after the model's file name and graph (names, shapes, versions), not its weights
+    # nor the FP16 flag: a retrained student of the same architecture would get its predecessor's engine. Timings of
+    # layers hold whatever the weights, so the timing cache is shared.
+    profile = f"-b{shapes.max_batch}-t{shapes.max_sequence}" if shapes else ""
+    return {
+        "trt_fp16_enable": precision == "fp16",
+        # Building an engine takes minutes for a BERT; the provider also keys it by GPU and TensorRT version.
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": str(root / f"{digest[:16]}-{precision}{profile}"),
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": str(root),
+        # An explicit profile is built once, covering every call; the shapes a first call happens to have would not.
+        **(shapes.tensorrt_profile() if shapes else {}),
+    }
+
+
 def provider_options(provider: str, precision: str, model: bytes | Path, shapes: Shapes | None = None) -> dict:
-    """Options for one provider running `model` (its bytes, or its file) of `precision` (a bundle's: fp32, fp16 or
-    int8): CUDA's are `cuda_options`; TensorRT gets FP16 kernels for an fp16 model only (its TF32 is left to
-    `refuse_tf32`), one optimisation profile over `shapes`, an engine cache of this model's and profile's own in
-    `common.settings.trt_cache()` (made here; `SettingError` where it cannot be) and the timing cache there. Without
-    `shapes`, TensorRT builds an engine for the shapes it has met, and again for each shape outside them."""
+    """Options for one provider running `model` (its bytes, or its file) of `precision`: CUDA's are `cuda_options`,
+    TensorRT's `tensorrt_options` with its caches in `common.settings.trt_cache()` (made here; `SettingError` where
+    they cannot be)."""
     if provider == CUDA:
         return cuda_options(precision)
     if provider != TENSORRT:
         return {}
-    root = settings.trt_cache()
-    # The provider names an engine after the model's file name and graph (names, shapes, versions), not its weights
-    # nor the FP16 flag: a retrained student of the same architecture would get its predecessor's engine. Timings of
-    # layers hold whatever the weights, so the timing cache is shared.
     digest = hashlib.sha256(model).hexdigest() if isinstance(model, bytes) else sha256_file(model)
-    profile = f"-b{shapes.max_batch}-t{shapes.max_sequence}" if shapes else ""
-    engines = root / f"{digest[:16]}-{precision}{profile}"
+    options = tensorrt_options(precision, digest, shapes, settings.trt_cache())
+    engines = Path(options["trt_engine_cache_path"])
     try:  # the provider makes only the last folder of the path, and cannot start without it
         engines.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -213,16 +231,7 @@ def provider_options(provider: str, precision: str, model: bytes | Path, shapes:
             f"{settings.TRT_CACHE_VAR}: cannot make TensorRT's engine cache {engines} ({err.strerror}); set it to a "
             "writable folder"
         ) from err
-    return {
-        "trt_fp16_enable": precision == "fp16",
-        # Building an engine takes minutes for a BERT; the provider also keys it by GPU and TensorRT version.
-        "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(engines),
-        "trt_timing_cache_enable": True,
-        "trt_timing_cache_path": str(root),
-        # An explicit profile is built once, covering every call; the shapes a first call happens to have would not.
-        **(shapes.tensorrt_profile() if shapes else {}),
-    }
+    return options
 
 
 def missing_here(runtime: str, providers: list[str]) -> str | None:
@@ -562,8 +571,7 @@ class EngineRunner:
         if self.engine is None:
             raise ModelLoadError(
                 f"TensorRT {versions['tensorrt']} cannot deserialise {plan_path} ({'; '.join(self.logger.errors)}): "
-                "an engine only loads on the TensorRT version and GPU it was built for; rebuild it on this machine "
-                f"(`edgedistill bundles RECIPE --only {Path(plan_path).parent.name.removeprefix('bundle-')}`)"
+                "an engine only loads on the TensorRT version and GPU it was built for"
             )
         self.context = self.engine.create_execution_context()
         if self.context is None:  # TensorRT's answer where the GPU has no memory left for the context's
@@ -579,7 +587,11 @@ class EngineRunner:
         lengths = [int(shape[1]) for shape in highest if len(shape) > 1]
         self.max_sequence = min(lengths) if lengths else None
         self.providers = [f"TensorRT {versions['tensorrt']}"]
-        self.stream = self.cuda.stream()
+        try:
+            self.stream = self.cuda.stream()
+        except DeviceError:
+            del self.context, self.engine  # and their memory on the GPU
+            raise
         self._buffers: dict[str, tuple[int, int]] = {}
 
     def _buffer(self, name: str, nbytes: int) -> int:
@@ -686,6 +698,15 @@ def _io_mismatch(runner: Runner, spec: BundleSpec, model_path: Path) -> str | No
     return None
 
 
+def _rebuild_command(bundle: Bundle) -> str:
+    """The command that builds `bundle` again, named by its manifest's stage (its folder may be a mount's, e.g.
+    /models/bundle); for a cascade's member (`members/<id>`), the member's and then the cascade's, which copies it."""
+    ids = [bundle.manifest.stage.removeprefix("bundle-")]
+    if bundle.folder.parent.name == MEMBERS and is_cascade(cascade := bundle.folder.parent.parent):
+        ids.append(mf.load(cascade, verify=False).stage.removeprefix("bundle-"))
+    return "edgedistill bundles RECIPE" + "".join(f" --only {bundle_id}" for bundle_id in ids)
+
+
 def open_bundle(
     bundle: Bundle,
     providers: list[str] | None = None,
@@ -699,20 +720,26 @@ def open_bundle(
     """A `Runner` for a loaded bundle (from `model`, its model file's verified bytes, where given: see
     `common.bundle.read_bundle`), on `providers` (empty or None: the bundle's), with the bundle's disabled
     optimizers, at its precision, for calls of up to `max_batch` rows and the bundle's max length; `ArtifactError`
-    when the model's inputs, outputs or profile disagree with its spec."""
+    when the model's inputs, outputs or profile disagree with its spec, and `ModelLoadError` for an engine that does not
+    load here naming the command that builds it again."""
     spec = bundle.spec
-    runner = open_runner(
-        bundle.model_path,
-        spec.runtime,
-        providers or spec.providers,
-        model=model,
-        threads=threads,
-        spin=spin,
-        disabled_optimizers=spec.disabled_optimizers,
-        allow_cpu_fallback=allow_cpu_fallback,
-        precision=spec.precision,
-        shapes=Shapes(tuple(spec.input_names), max_batch, spec.max_length),
-    )
+    try:
+        runner = open_runner(
+            bundle.model_path,
+            spec.runtime,
+            providers or spec.providers,
+            model=model,
+            threads=threads,
+            spin=spin,
+            disabled_optimizers=spec.disabled_optimizers,
+            allow_cpu_fallback=allow_cpu_fallback,
+            precision=spec.precision,
+            shapes=Shapes(tuple(spec.input_names), max_batch, spec.max_length),
+        )
+    except ModelLoadError as err:
+        if spec.runtime != "tensorrt":
+            raise
+        raise ModelLoadError(f"{err}; rebuild it on this machine (`{_rebuild_command(bundle)}`)") from err
     problem = _io_mismatch(runner, spec, bundle.model_path)
     if problem is not None:
         runner.close()

@@ -11,7 +11,7 @@ import importlib.util
 import re
 import shutil
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 
 from edgedistill.common import manifest as mf
@@ -19,7 +19,15 @@ from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import Bundle, BundleSpec, TensorSpec, load_bundle
 from edgedistill.common.providers import cuda_options
-from edgedistill.common.runtime import CUDA, TENSORRT, TRITON_LABELS_FILE, TRITON_PLATFORMS, refuse_tf32
+from edgedistill.common.runtime import (
+    CUDA,
+    TENSORRT,
+    TRITON_LABELS_FILE,
+    TRITON_PLATFORMS,
+    Shapes,
+    refuse_tf32,
+    tensorrt_options,
+)
 from google.protobuf import text_format
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +37,11 @@ PREFERRED_BATCH_SIZES = (8, 32)  # those within max_batch_size, unless told
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 FLAG_TYPES = {"preferred_batch_sizes": {"type": int, "nargs": "*"}, "kind": {"choices": KINDS}}  # else an int
 VERSION = "1"  # the model folder's only version folder: a new bundle replaces the whole model folder
+# Where Triton's TensorRT accelerator keeps the engines it builds, in Triton's filesystem: a folder every container has
+# (the provider makes only the engine folder below it). Instances and reloads share them; a new container builds again.
+TRITON_TRT_CACHE = PurePosixPath("/tmp")
+# What a plan loads on alone, as its manifest records it (`info.tensorrt_build`): config parameters plan_<key>.
+PLAN_BUILT_WITH = ("tensorrt", "gpu")
 
 
 def _load_model_config_pb2() -> ModuleType:
@@ -118,6 +131,8 @@ def model_config(bundle: Bundle, batching: Batching):
             f"{bundle.folder}: the plan's optimization profile takes batches of at most {largest}, and Triton refuses "
             f"a max_batch_size above it: use {largest} or less"
         )
+    if spec.runtime == "tensorrt" and (missing := [key for key in PLAN_BUILT_WITH if key not in _plan_build(bundle)]):
+        raise ValueError(f"{bundle.folder}: the manifest records no {' or '.join(missing)} the plan was built with")
     if not MODEL_NAME.match(spec.name):
         raise ValueError(f"bundle name {spec.name!r} is not usable as a Triton model folder name")
     config = model_config_pb2.ModelConfig(
@@ -140,13 +155,22 @@ def model_config(bundle: Bundle, batching: Batching):
     config.parameters["max_length"].string_value = str(spec.max_length)
     if spec.pair_segments != "token_types":
         config.parameters["pair_segments"].string_value = spec.pair_segments
+    if spec.runtime == "tensorrt":  # it loads on a Triton release of its TensorRT version, on its GPU, alone
+        for key in PLAN_BUILT_WITH:
+            config.parameters[f"plan_{key}"].string_value = _plan_build(bundle)[key]
     if kind == "KIND_GPU" and spec.runtime == "onnxruntime":
         refuse_tf32(spec.providers, spec.precision, f"{bundle.folder} on Triton's tensorrt execution accelerator")
         accelerators = config.optimization.execution_accelerators.gpu_execution_accelerator
         if TENSORRT in spec.providers:
-            # the provider it was built and checked with, FP16 kernels for an fp16 bundle only (`provider_options`)
+            # the provider it was built and checked with, as the server runs it: FP16 kernels for an fp16 bundle only,
+            # one profile over Triton's batches and the bundle's max length, engines cached in Triton's filesystem
+            shapes = Shapes(tuple(spec.input_names), max_batch_size, spec.max_length)
+            digest = bundle.manifest.files[spec.model_file].sha256
+            options = tensorrt_options(spec.precision, digest, shapes, TRITON_TRT_CACHE)
             tensorrt = accelerators.add(name="tensorrt")
-            tensorrt.parameters["precision_mode"] = "FP16" if spec.precision == "fp16" else "FP32"
+            tensorrt.parameters["precision_mode"] = "FP16" if options.pop("trt_fp16_enable") else "FP32"
+            for key, value in options.items():
+                tensorrt.parameters[key] = str(value)
         # the CUDA options the bundle was checked with and the server runs it with (TF32 off but for fp16)
         cuda = accelerators.add(name="cuda")
         for key, value in cuda_options(spec.precision).items():
@@ -157,9 +181,14 @@ def model_config(bundle: Bundle, batching: Batching):
     return config
 
 
+def _plan_build(bundle: Bundle) -> dict:
+    """How a TensorRT bundle's plan was built, as its manifest records it (`info.tensorrt_build`)."""
+    return bundle.manifest.info.get("tensorrt_build", {})
+
+
 def _profile_max_batch(bundle: Bundle) -> int:
     """The largest batch every input of a TensorRT bundle's optimization profile takes (its manifest records it)."""
-    profile = bundle.manifest.info.get("tensorrt_build", {}).get("profile")
+    profile = _plan_build(bundle).get("profile")
     if not profile:
         raise ValueError(f"{bundle.folder}: the manifest records no TensorRT optimization profile (tensorrt_build)")
     if missing := [name for name in bundle.spec.input_names if name not in profile]:

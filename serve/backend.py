@@ -6,6 +6,7 @@ import logging
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import Bundle
 from edgedistill.common.runtime import (
+    DeviceError,
     ModelLoadError,
     PrecisionRefused,
     ProviderFallback,
@@ -22,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class BackendUnavailable(BundleRejected):
-    """The runtime or execution provider a bundle needs is not installed here, or has no device to run on."""
+    """The runtime or execution provider a bundle needs is not installed here, or has no device (or device memory) to
+    run on."""
 
 
 def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None) -> Runner:
@@ -64,6 +66,8 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
             f"{bundle.folder} is a TensorRT engine (runtime 'tensorrt'): {err}\n"
             "Or serve an ONNX bundle (runtime 'onnxruntime')."
         ) from err
+    except DeviceError as err:  # an engine's execution context or CUDA stream the GPU cannot make (its memory full)
+        raise BackendUnavailable(f"{bundle.folder} cannot start on its GPU: {err}") from err
     except (ModelLoadError, mf.ArtifactError) as err:
         raise BundleRejected(str(err)) from err
     session = f", {threads or 'default'} intra-op threads, spinning {'on' if settings.spin else 'off'}"

@@ -134,6 +134,18 @@ def test_a_pair_bundle_is_timed_with_sentence_b_marked_as_the_server_marks_it(tm
     assert runner.feeds[0]["token_type_ids"].tolist() == [types] * 2
 
 
+def test_an_engine_bundles_row_names_tensorrt_as_its_runtime(tmp_path, monkeypatch):
+    engine_spec = {"runtime": "tensorrt", "model_file": "model.plan", "providers": ["TensorrtExecutionProvider"]}
+    metrics = {"size_bytes": 1, "dev_accuracy": 1.0}
+    folder = write_bundle(tmp_path / "bundle-engine-fp16", model=b"engine", metrics=metrics, **engine_spec)
+    engine = RecordingRunner()
+    engine.providers = ["TensorRT 10.16.1"]  # what an engine's runner reports
+    monkeypatch.setattr(models, "open_bundle", lambda bundle, **options: engine)
+    cfg = ModelBenchConfig(batch_sizes=[1], seq_lens=[8], warmup=0, iterations=1, min_seconds=0, threads=1)
+    row, _ = models._bundle_row("engine-fp16", folder, cfg, tqdm(disable=True), "accuracy")
+    assert row["runtime"] == "tensorrt (TensorRT 10.16.1)"
+
+
 def cut_table(tmp_path) -> ModelTable:
     """The table of a bundle whose max_length is 16 timed at 32 tokens, beside a teacher row timed at 32."""
     metrics = {"size_bytes": 1, "dev_accuracy": 1.0}

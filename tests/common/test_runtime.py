@@ -1,5 +1,6 @@
 import logging
 import re
+import shutil
 import sys
 import types
 import weakref
@@ -12,6 +13,7 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common import runtime
 from edgedistill.common.bundle import BundleSpec, TensorSpec, load_bundle, read_bundle
+from edgedistill.common.cascade import MEMBERS
 from edgedistill.common.runtime import (
     DeviceError,
     ModelLoadError,
@@ -871,10 +873,11 @@ class FakeCuda:
         self.streams.remove(stream)
 
 
-def fake_engine(monkeypatch, context: bool = True) -> list:
+def fake_engine(monkeypatch, context: bool = True, loads: bool = True) -> list:
     """The tensorrt package and CUDA as `FakeCuda`, around an engine of x [batch, 2] -> y [batch, 2] for 1 to 64
-    rows; without `context`, the engine makes no execution context, as TensorRT's does out of GPU memory. Returns a
-    weak reference to each engine deserialised."""
+    rows; without `context`, the engine makes no execution context, as TensorRT's does out of GPU memory; without
+    `loads`, no plan deserialises, as on another TensorRT version or GPU. Returns a weak reference to each engine
+    deserialised."""
     trt = types.ModuleType("tensorrt")
     trt.__version__ = "10.16.1"
     trt.nptype = np.dtype
@@ -930,6 +933,9 @@ def fake_engine(monkeypatch, context: bool = True) -> list:
             self.logger = logger
 
         def deserialize_cuda_engine(self, plan: bytes):
+            if not loads:
+                self.logger.log(ILogger.Severity.ERROR, "Serialization assertion stdVersionRead failed")
+                return None
             engines.append(weakref.ref(engine := Engine(self.logger)))
             return engine
 
@@ -984,3 +990,65 @@ def test_an_engine_without_an_execution_context_is_released(monkeypatch):
     with pytest.raises(DeviceError):
         open_runner("bundle-engine/model.plan", "tensorrt", [], model=b"plan")
     assert [engine() for engine in engines] == [None]
+
+
+def test_an_engine_whose_cuda_stream_cannot_be_made_is_released(monkeypatch):
+    engines = fake_engine(monkeypatch)
+
+    def no_stream(cuda):
+        raise DeviceError("cudaStreamCreate failed with cudaErrorMemoryAllocation")
+
+    monkeypatch.setattr(FakeCuda, "stream", no_stream)
+    with pytest.raises(DeviceError) as refused:  # kept: its traceback holds the runner that was being made
+        open_runner("bundle-engine/model.plan", "tensorrt", [], model=b"plan")
+    assert [engine() for engine in engines] == [None], refused.value
+
+
+def write_engine_bundle(folder: Path, stage: str) -> Path:
+    """An engine bundle (a placeholder plan of x [batch, 2] -> y [batch, 2]) in `folder`, its manifest's stage
+    `stage`."""
+    spec = BundleSpec(
+        name="tiny",
+        labels=["a", "b"],
+        text_inputs=["text"],
+        max_length=2,
+        pad_token_id=0,
+        inputs=[TensorSpec(name="x", dtype="float32", shape=["batch", 2])],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=["batch", 2])],
+        precision="fp16",
+        runtime="tensorrt",
+        providers=["TensorrtExecutionProvider"],
+        model_file="model.plan",
+        arch="tiny",
+    )
+    with mf.stage_folder(folder) as tmp:
+        (tmp / spec.model_file).write_bytes(b"plan built elsewhere")
+        (tmp / "tokenizer.json").write_text("{}")
+        base = mf.Manifest(stage=stage, recipe="t", recipe_hash="h", config_hash="c")
+        mf.commit(tmp, folder, base.model_copy(update={"info": {"bundle": spec.model_dump()}}))
+    return folder
+
+
+def engine_load_error(folder: Path) -> str:
+    """The error of opening the engine bundle in `folder` where no plan deserialises."""
+    with pytest.raises(ModelLoadError) as err:
+        open_bundle(load_bundle(folder))
+    return str(err.value)
+
+
+def test_an_engine_that_does_not_load_names_its_bundles_rebuild_from_its_manifest_not_its_mount(tmp_path, monkeypatch):
+    fake_engine(monkeypatch, loads=False)
+    mounted = write_engine_bundle(tmp_path / "models" / "bundle", "bundle-teacher-engine-fp16")
+    assert "(`edgedistill bundles RECIPE --only teacher-engine-fp16`)" in engine_load_error(mounted)
+
+
+def test_a_cascade_members_engine_that_does_not_load_names_the_members_rebuild_then_the_cascades(tmp_path, monkeypatch):
+    fake_engine(monkeypatch, loads=False)
+    member = write_engine_bundle(tmp_path / "bundle-teacher-engine-fp16", "bundle-teacher-engine-fp16")
+    cascade = tmp_path / "models" / "bundle"
+    with mf.stage_folder(cascade) as tmp:
+        shutil.copytree(member, tmp / MEMBERS / "teacher-engine-fp16")
+        base = mf.Manifest(stage="bundle-engine-cascade", recipe="t", recipe_hash="h", config_hash="c")
+        mf.commit(tmp, cascade, base.model_copy(update={"info": {"cascade": {}}}))
+    command = "edgedistill bundles RECIPE --only teacher-engine-fp16 --only engine-cascade"
+    assert f"(`{command}`)" in engine_load_error(cascade / MEMBERS / "teacher-engine-fp16")

@@ -1,9 +1,11 @@
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import BundleSpec, TensorSpec
-from edgedistill.common.runtime import PrecisionRefused
+from edgedistill.common.runtime import PrecisionRefused, Shapes, provider_options
 from edgedistill.export import triton
 from edgedistill.export.triton import model_config_pb2, write_repository
 from google.protobuf import text_format
@@ -40,7 +42,11 @@ def tiny_onnx(path):
 def plan_build(max_batch: int) -> dict:
     """`info.tensorrt_build` of a plan whose profile takes batches up to `max_batch`."""
     shapes = {"min": [1, 1], "opt": [8, 16], "max": [max_batch, 16]}
-    return {"profile": {"input_ids": shapes, "attention_mask": shapes}}
+    return {
+        "tensorrt": "10.16.1.11",
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "profile": {"input_ids": shapes, "attention_mask": shapes},
+    }
 
 
 def make_bundle(
@@ -192,6 +198,27 @@ def test_a_plan_whose_profile_lacks_an_input_is_refused_naming_it(tmp_path):
         write_repository(bundle, tmp_path / "repo")
 
 
+def test_a_plans_config_gives_the_tensorrt_version_it_loads_on_alone(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path, runtime="tensorrt"), tmp_path / "repo"))
+    assert config.parameters["plan_tensorrt"].string_value == "10.16.1.11"
+
+
+def test_a_plans_config_gives_the_gpu_it_loads_on_alone(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path, runtime="tensorrt"), tmp_path / "repo"))
+    assert config.parameters["plan_gpu"].string_value == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_plan_whose_manifest_records_no_tensorrt_version_is_refused(tmp_path):
+    build = {key: value for key, value in plan_build(64).items() if key != "tensorrt"}
+    with pytest.raises(ValueError, match="records no tensorrt the plan was built with"):
+        write_repository(make_bundle(tmp_path, runtime="tensorrt", build=build), tmp_path / "repo")
+
+
+def test_an_onnx_bundles_config_gives_no_plan_versions(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
+    assert "plan_tensorrt" not in config.parameters
+
+
 def test_plan_on_cpu_is_refused(tmp_path):
     with pytest.raises(ValueError, match="only on a GPU"):
         write_repository(make_bundle(tmp_path, runtime="tensorrt"), tmp_path / "repo", kind="KIND_CPU")
@@ -312,6 +339,54 @@ def test_a_bundle_built_for_tensorrt_runs_on_tensorrt_then_cuda_as_it_was_checke
 def test_tensorrt_gets_fp16_kernels_for_an_fp16_bundle_alone(tmp_path, tf32_override, precision, mode):
     [tensorrt, _] = accelerators(tmp_path, precision, TENSORRT_PROVIDERS)
     assert tensorrt.parameters["precision_mode"] == mode
+
+
+def tensorrt_accelerator(tmp_path, **batching) -> dict[str, str]:
+    """The TensorRT accelerator's parameters in the config of an fp16 bundle built for TensorRT, batched by
+    `batching`."""
+    bundle = make_bundle(tmp_path, providers=TENSORRT_PROVIDERS, precision="fp16")
+    config = read_config(write_repository(bundle, tmp_path / "repo", **batching))
+    [tensorrt, _] = config.optimization.execution_accelerators.gpu_execution_accelerator
+    return dict(tensorrt.parameters)
+
+
+# the keys Triton's onnxruntime backend takes in the tensorrt accelerator (any other fails the model's load)
+TRITON_TENSORRT_KEYS = {
+    "precision_mode",
+    "trt_engine_cache_enable",
+    "trt_engine_cache_path",
+    "trt_timing_cache_enable",
+    "trt_timing_cache_path",
+    "trt_profile_min_shapes",
+    "trt_profile_opt_shapes",
+    "trt_profile_max_shapes",
+}
+
+
+def test_every_tensorrt_accelerator_parameter_is_one_triton_takes(tmp_path):
+    assert set(tensorrt_accelerator(tmp_path)) <= TRITON_TENSORRT_KEYS
+
+
+def test_tensorrt_gets_one_profile_up_to_tritons_largest_batch_and_the_bundles_max_length(tmp_path):
+    parameters = tensorrt_accelerator(tmp_path, max_batch_size=16, preferred_batch_sizes=(8,))
+    assert parameters["trt_profile_max_shapes"] == "input_ids:16x16,attention_mask:16x16"
+
+
+def test_tensorrt_gets_its_profile_from_one_row_of_one_token(tmp_path):
+    assert tensorrt_accelerator(tmp_path)["trt_profile_min_shapes"] == "input_ids:1x1,attention_mask:1x1"
+
+
+def test_tensorrt_keeps_the_engines_it_builds(tmp_path):
+    assert tensorrt_accelerator(tmp_path)["trt_engine_cache_enable"] == "True"
+
+
+def test_tensorrt_keeps_engines_in_tritons_tmp_in_the_folder_the_server_names_for_the_model(tmp_path, monkeypatch):
+    parameters = tensorrt_accelerator(tmp_path)
+    monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(tmp_path / "trt"))
+    shapes = Shapes(("input_ids", "attention_mask"), 64, 16)  # the server's, at EDGEDISTILL_MAX_BATCH_SIZE=64
+    model = tmp_path / "bundle-onnxruntime" / "model.onnx"
+    served = Path(provider_options(TENSORRT_PROVIDERS[0], "fp16", model, shapes)["trt_engine_cache_path"])
+    assert parameters["trt_engine_cache_path"] == f"/tmp/{served.name}"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

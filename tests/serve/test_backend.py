@@ -240,6 +240,15 @@ def test_tensorrt_without_a_gpu_says_so(trt_bundle, monkeypatch):
         load_backend(load_bundle(trt_bundle), Settings(threads=1))
 
 
+def test_an_engine_the_gpu_has_no_memory_for_is_refused_as_a_bundle_that_cannot_start(trt_bundle, monkeypatch):
+    def full_gpu(*args, **kwargs):
+        raise runtime.DeviceError("TensorRT cannot make an execution context for model.plan: OutOfMemory")
+
+    monkeypatch.setattr(served_backend, "open_bundle", full_gpu)
+    with pytest.raises(BackendUnavailable, match="cannot start on its GPU: TensorRT cannot make an execution context"):
+        load_backend(load_bundle(trt_bundle), Settings())
+
+
 def test_server_refuses_a_tensorrt_bundle_it_cannot_run(trt_bundle, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)
 
