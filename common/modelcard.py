@@ -358,17 +358,31 @@ def _parents(folder: Path) -> list[Path]:
 def settings_change(recipe: Recipe, folder: Path) -> str | None:
     """Why the artifact in `folder` is not of `recipe`'s settings as they are now: it, or an artifact it was built from
     still in the run folder, records settings that the recipe now has otherwise (the recipe edited since, and the
-    stage not built again); None when none does."""
-    recorded = mf.load(folder, verify=False).hashed.get("settings", {})  # a manifest of an older release records none
-    try:
-        now = recipe.settings(*recorded)
-    except KeyError:  # a setting the recipe no longer has (a bundle taken out of it)
-        now = {}
+    stage not built again); None when none does. A student or baseline records its own settings, the fields of its
+    spec it reads, in `extra` beside its folder layout (`distill.stages.student`): those fields are compared with
+    `distill.students.<name>`."""
+    hashed = mf.load(folder, verify=False).hashed  # a manifest of an older release records none
+    recorded = hashed.get("settings", {})
+    now = _settings_now(recipe, *recorded)
+    if _kind(folder.name) in ("student", "baseline"):
+        key = f"distill.students.{folder.name.split('-', 1)[1]}"
+        spec = _settings_now(recipe, key).get(key, {})
+        recorded = recorded | {field: value for field, value in hashed.get("extra", {}).items() if field in spec}
+        now = now | spec
     if changed := [key for key in recorded if now.get(key) != recorded[key]]:
         was, is_now = ({"settings": {key: values.get(key) for key in changed}} for values in (recorded, now))
         return f"{folder.name} was built with other {', '.join(changed)} settings ({mf.changes(was, is_now)})"
     built = (parent for parent in _parents(folder) if (parent / mf.MANIFEST).is_file())
     return next((why for parent in built if (why := settings_change(recipe, parent))), None)
+
+
+def _settings_now(recipe: Recipe, *keys: str) -> dict:
+    """`recipe.settings(*keys)`, or none where the recipe no longer has one of them (a bundle or a student taken out of
+    it, or its section)."""
+    try:
+        return recipe.settings(*keys)
+    except KeyError:
+        return {}
 
 
 def _built_again(folder: Path) -> str | None:

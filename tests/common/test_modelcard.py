@@ -8,6 +8,7 @@ from edgedistill.common import modelcard
 from edgedistill.common.bundle import BundleSpec, TensorSpec
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.stage import Built, Stage
+from edgedistill.distill import stages
 from huggingface_hub import ModelCard
 
 from tests.conftest import ROOT
@@ -386,15 +387,16 @@ def test_stage_contract_writes_the_card_when_a_model_publishes(recipe):
     assert ModelCard.load(run_dir(recipe) / "teacher" / mf.CARD).data.pipeline_tag == "text-classification"
 
 
-def _built(recipe, stage: str, settings: tuple[str, ...] = (), parents: tuple = ()) -> Stage:
-    """Stage `stage` of `recipe` (its `settings` and `parents` as declared), built and published with its card."""
+def _built(recipe, stage: str, settings: tuple[str, ...] = (), parents: tuple = (), extra: dict | None = None) -> Stage:
+    """Stage `stage` of `recipe` (its `settings`, `parents` and `extra` as declared), built and published with its
+    card."""
     metrics = {"dev_accuracy": 0.9} | (STUDENT_METRICS if stage.startswith("student-") else {})
-    info = STUDENT_INFO if stage.startswith("student-") else {"steps": 10}
+    info = STUDENT_INFO if stage.startswith(("student-", "baseline-")) else {"steps": 10}
 
     def build(inputs):
         return Built(lambda folder: (folder / "model.safetensors").write_bytes(b"w"), metrics=metrics, info=info)
 
-    built = Stage(stage, recipe, settings, build, parents)
+    built = Stage(stage, recipe, settings, build, parents, extra)
     built.run()
     return built
 
@@ -418,6 +420,37 @@ def test_refresh_leaves_the_card_of_a_student_whose_teacher_was_built_with_other
 def test_refresh_rewrites_the_card_of_a_model_built_with_the_recipes_settings(recipe):
     teacher = _built(recipe, "teacher", TEACHER_SETTINGS)
     assert modelcard.refresh(recipe) == [teacher.folder / mf.CARD]
+
+
+def _distilled(lr: float, baseline: bool = False) -> Stage:
+    """Student bilstm of the smoke recipe (or its baseline), built and published with `distill.students.bilstm.optim.lr`
+    at `lr`, recording its spec as its stage does."""
+    edited = load_recipe(SMOKE, {"distill.students.bilstm.optim.lr": lr})
+    spec = stages.student(edited, "bilstm", baseline).extra
+    return _built(edited, f"{'baseline' if baseline else 'student'}-bilstm", extra=spec)
+
+
+def test_settings_change_names_a_students_spec_setting_the_recipe_now_gives_otherwise(recipe):
+    assert modelcard.settings_change(recipe, _distilled(0.002).folder) == (
+        "student-bilstm was built with other optim settings (optim.lr 0.002 -> 0.003)"
+    )
+
+
+def test_settings_change_names_a_baselines_spec_setting_the_recipe_now_gives_otherwise(recipe):
+    assert modelcard.settings_change(recipe, _distilled(0.002, baseline=True).folder) == (
+        "baseline-bilstm was built with other optim settings (optim.lr 0.002 -> 0.003)"
+    )
+
+
+def test_settings_change_leaves_a_student_of_the_recipes_spec(recipe):
+    assert modelcard.settings_change(recipe, _distilled(0.003).folder) is None
+
+
+def test_refresh_leaves_the_card_of_a_student_distilled_before_its_spec_was_edited_as_its_build_wrote_it(recipe):
+    student = _distilled(0.002)
+    (student.folder / mf.CARD).write_text("as its build wrote it")
+    modelcard.refresh(recipe)
+    assert (student.folder / mf.CARD).read_text() == "as its build wrote it"
 
 
 def test_bundle_card_gives_the_text_style_its_spec_records_whatever_the_recipe_says_now(recipe):

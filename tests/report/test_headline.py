@@ -9,6 +9,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import summary
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.common.stage import Built, Stage
+from edgedistill.distill import stages
 from edgedistill.report import __main__ as report_main
 from edgedistill.report import headline
 from rich.console import Console
@@ -16,10 +17,12 @@ from rich.console import Console
 from tests.conftest import ROOT
 
 
-def publish(folder, metrics, parents=None):
+def publish(folder, metrics, parents=None, built_as: Stage | None = None):
+    """An artifact in `folder` with `metrics`, recording what the stage `built_as` hashes where given."""
+    hashed = {"config_hash": built_as.config_hash, "hashed": built_as.hashed} if built_as else {"config_hash": "c"}
     with mf.stage_folder(folder) as tmp:
         (tmp / "result.json").write_text("{}")
-        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", metrics=metrics)
+        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", metrics=metrics, **hashed)
         mf.commit(tmp, folder, base.model_copy(update={"parents": parents or {}}))
 
 
@@ -670,6 +673,29 @@ def test_headline_names_a_teacher_built_with_other_settings_with_the_command_to_
         "(build it again: edgedistill teacher recipes/smoke.yaml; in a checkout, make teacher "
         "RECIPE=recipes/smoke.yaml)"
     ) in edited_recipe_headline(recipe)
+
+
+def edited_student_headline(recipe) -> list[str]:
+    """The headline of a smoke run whose deployed student (dev accuracy 0.88) was distilled before the recipe's
+    `distill.students.<it>.optim.lr` was edited from 0.002."""
+    name = recipe.distill.deploy
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.{name}.optim.lr": 0.002})
+    stage = stages.student(built, name)
+    publish(stage.folder, {"dev_accuracy": 0.88, "retention": 0.88 / 0.9}, built_as=stage)
+    tabled(recipe)
+    return headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def test_headline_gives_no_figures_of_a_student_distilled_before_its_settings_were_edited(recipe):
+    assert not any(line.startswith("student ") for line in edited_student_headline(recipe))
+
+
+def test_headline_names_a_student_distilled_before_its_settings_were_edited_with_the_command_to_distil_it(recipe):
+    assert (
+        "not shown: student-bilstm, student-bilstm was built with other optim settings (optim.lr 0.002 -> 0.003) "
+        "(build it again: edgedistill distill recipes/smoke.yaml --jobs 2; in a checkout, make distill "
+        "RECIPE=recipes/smoke.yaml)"
+    ) in edited_student_headline(recipe)
 
 
 def test_headline_names_a_teacher_whose_data_file_is_gone_with_the_file(recipe, tmp_path):

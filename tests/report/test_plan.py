@@ -5,6 +5,8 @@ import shlex
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.stage import Stage
+from edgedistill.distill import stages
 from edgedistill.report import plan
 
 from tests.conftest import ROOT
@@ -46,12 +48,14 @@ def test_a_measurement_of_a_bundle_built_again_is_run_again_after_the_bundles():
     )
 
 
-def publish(folder, parents=(), result="{}"):
-    """An artifact in `folder` built from the artifacts `parents` beside it, pinned as a build pins them."""
+def publish(folder, parents=(), result="{}", built_as: Stage | None = None):
+    """An artifact in `folder` built from the artifacts `parents` beside it, pinned as a build pins them, recording what
+    the stage `built_as` hashes where given."""
     pinned = {name: mf.parent_of(folder.parent / name) for name in parents}
+    hashed = {"config_hash": built_as.config_hash, "hashed": built_as.hashed} if built_as else {"config_hash": "c"}
     with mf.stage_folder(folder) as tmp:
         (tmp / "result.json").write_text(result)
-        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c", parents=pinned)
+        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", parents=pinned, **hashed)
         mf.commit(tmp, folder, base)
 
 
@@ -79,3 +83,45 @@ def test_a_bundle_of_an_out_of_date_student_is_stale_saying_why(smoke_run):
 def test_a_bundle_of_an_out_of_date_student_is_built_again_after_the_student(smoke_run):
     recipe, root = smoke_run
     assert plan.stale(recipe, root)["bundle-bilstm-int8"].targets == (plan.Target("distill"), plan.Target("bundles"))
+
+
+def distilled(tmp_path, monkeypatch, setting: str, value, baseline: bool = False) -> dict[str, plan.Stale]:
+    """What `plan.stale` names in a smoke run whose student bilstm (or its baseline), and the bundle bilstm-int8 built
+    from it, were built before the recipe's `distill.students.bilstm.<setting>` was edited from `value`."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    built = load_recipe(ROOT / "recipes" / "smoke.yaml", {f"distill.students.bilstm.{setting}": value})
+    stage = stages.student(built, "bilstm", baseline)
+    root = run_dir(recipe)
+    publish(root / stage.name, built_as=stage)
+    publish(root / "bundle-bilstm-int8", parents=[stage.name])
+    return plan.stale(recipe, root)
+
+
+def test_a_student_distilled_before_its_learning_rate_was_edited_is_stale_saying_which(tmp_path, monkeypatch):
+    assert distilled(tmp_path, monkeypatch, "optim.lr", 0.002)["student-bilstm"].why == (
+        "student-bilstm was built with other optim settings (optim.lr 0.002 -> 0.003)"
+    )
+
+
+def test_a_student_distilled_before_its_model_was_edited_is_distilled_again(tmp_path, monkeypatch):
+    stale = distilled(tmp_path, monkeypatch, "model.hidden_size", 16)
+    assert stale["student-bilstm"].targets == (plan.Target("distill"),)
+
+
+def test_a_bundle_of_a_student_distilled_before_its_settings_were_edited_is_stale_saying_why(tmp_path, monkeypatch):
+    assert distilled(tmp_path, monkeypatch, "optim.lr", 0.002)["bundle-bilstm-int8"].why == (
+        "student-bilstm was built with other optim settings (optim.lr 0.002 -> 0.003)"
+    )
+
+
+def test_a_baseline_trained_before_its_learning_rate_was_edited_is_stale(tmp_path, monkeypatch):
+    assert "baseline-bilstm" in distilled(tmp_path, monkeypatch, "optim.lr", 0.002, baseline=True)
+
+
+def test_a_student_whose_only_edit_is_its_gradient_accumulation_is_not_stale(tmp_path, monkeypatch):
+    assert distilled(tmp_path, monkeypatch, "optim.grad_accum", 2) == {}
+
+
+def test_a_baseline_whose_only_edit_is_the_students_losses_it_never_reads_is_not_stale(tmp_path, monkeypatch):
+    assert distilled(tmp_path, monkeypatch, "losses.ce", 0.5, baseline=True) == {}
