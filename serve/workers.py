@@ -16,9 +16,9 @@ process (EAGAIN under a pids limit, EMFILE), with EXIT_NO_PROCESS. Workers die w
 parent-death signal), so none outlives it.
 
 `WORKERS=0` (the default) picks one worker per usable core (affinity and cgroup CPU quota), as many as the
-usable memory (cgroup limit, else what is available) holds at WORKER_BASE_BYTES plus twice the model file
-each (a reload holds two models; a cascade's model files are its members' together). `WORKERS=1` is a single
-process, no supervisor.
+usable memory (cgroup limit, else what is available) holds at `worker_bytes` each (WORKER_BASE_BYTES, twice the model
+file as a reload holds two models, a cascade's model files being its members' together, and the messages of the calls
+in progress), and at least one. `WORKERS=1` is a single process, no supervisor.
 """
 
 import contextlib
@@ -56,8 +56,9 @@ WORKER_BASE_BYTES = 200 << 20  # resident memory of a worker before its model: P
 RESTARTS_PER_MINUTE = 10
 STOP_MARGIN_S = 10.0  # beyond SHUTDOWN_GRACE_S, how long workers may take to exit before they are killed
 KILL_WAIT_S = 2.0  # how long a killed worker may take to exit before the supervisor leaves it behind
-# what a worker imports that an install may lack (the `serve` extra's), beside ONNX Runtime for an ONNX bundle
-WORKER_PACKAGES = ("grpc", "grpc_health", "grpc_reflection")
+# what a worker imports that an install may lack: the `serve` extra's, and ONNX Runtime (the `cpu` or `gpu` extra's),
+# which every worker imports (`common.runtime`), one serving TensorRT engines alone too
+WORKER_PACKAGES = ("grpc", "grpc_health", "grpc_reflection", "onnxruntime")
 EXIT_NO_PROCESS = os.EX_OSERR  # 71 (sysexits.h: cannot fork, cannot create a pipe): a worker could not be restarted
 SUPERVISING = "supervising"  # the `event` of a supervisor's first log line
 WORKERS_SERVING = "workers_serving"  # and of its line once every worker serves
@@ -78,17 +79,20 @@ def intra_op_threads(threads: int, count: int) -> int:
     return max(1, cores // count)
 
 
-def worker_bytes(model_bytes: int) -> int:
-    """The memory counted for one worker serving model files of `model_bytes`: its base, and the models twice, as a
-    reload holds the old beside the new."""
-    return WORKER_BASE_BYTES + 2 * model_bytes
+def worker_bytes(model_bytes: int, settings: Settings | None = None) -> int:
+    """The memory counted for one worker serving model files of `model_bytes` with `settings` (None: the defaults):
+    its base, the models twice, as a reload holds the old beside the new, and the calls clients can stall
+    mid-message, MAX_CONCURRENT_RPCS of them holding about twice MAX_MESSAGE_BYTES each."""
+    settings = settings or Settings()
+    stalled = settings.max_concurrent_rpcs * 2 * settings.max_message_bytes
+    return WORKER_BASE_BYTES + 2 * model_bytes + stalled
 
 
 def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
-    """`settings.workers`, or for 0 one per usable core, as many as memory holds with the bundle's model files
-    (`models`, read from the bundle where not given). Several workers set by hand that memory does not hold are
-    started all the same, with a warning: the kernel's OOM killer ends a process without a word, and this line says
-    why it may."""
+    """`settings.workers`, or for 0 one per usable core, as many as memory holds at `worker_bytes` each with the
+    bundle's model files (`models`, read from the bundle where not given), and at least one. Several workers set by
+    hand that memory does not hold are started all the same, with a warning: the kernel's OOM killer ends a process
+    without a word, and this line says why it may."""
     if settings.workers == 1:
         return 1
     if settings.bundle is None:
@@ -98,7 +102,7 @@ def worker_count(settings: Settings, models: ServedModels | None = None) -> int:
         if settings.workers:  # the workers refuse it, and say why
             return settings.workers
         raise BundleRejected(f"bundle refused: {models.refused}")
-    per_worker = worker_bytes(models.model_bytes)
+    per_worker = worker_bytes(models.model_bytes, settings)
     memory = usable_memory()
     if not settings.workers:
         return max(1, min(usable_cores(), memory // per_worker))
@@ -158,7 +162,10 @@ class MetricsFolder:
                 _remove_unheld(folder)
         while True:
             self.path = Path(tempfile.mkdtemp(prefix=METRICS_PREFIX))
-            self.lock = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: workers never hold it
+            try:
+                self.lock = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: workers never hold it
+            except FileNotFoundError:  # another start took it, not locked yet, for a dead one's and removed it
+                continue
             fcntl.flock(self.lock, fcntl.LOCK_EX)  # waits for another start that took it for a dead one's to remove it
             if _is_open(self.lock, self.path):
                 return
@@ -271,7 +278,7 @@ class Supervisor:
         self.settings = settings
         self.argv = argv
         self.count = count
-        refuse_missing_packages(models.onnx_runtime)
+        refuse_missing_packages()
         # each worker's intra-op threads, as it works them out; none where every model is a TensorRT engine
         self.threads = intra_op_threads(settings.threads, count) if models.onnx_runtime else None
         self.ports = [reserve_port(settings.host, settings.port, "port")]
@@ -571,10 +578,10 @@ def supervise(settings: Settings, argv: list[str], count: int, models: ServedMod
     return Supervisor(settings, argv, count, models).run()
 
 
-def refuse_missing_packages(onnx_runtime: bool) -> None:
-    """`ModuleNotFoundError` naming a package the workers would import that is not installed (ONNX Runtime where a
-    model runs on it, `onnx_runtime`), before any starts, as one server process raises it at its import (the
-    `edgedistill` command names the install): the supervisor imports none of them."""
-    for name in WORKER_PACKAGES + (("onnxruntime",) if onnx_runtime else ()):
+def refuse_missing_packages() -> None:
+    """`ModuleNotFoundError` naming a package the workers would import that is not installed (WORKER_PACKAGES), before
+    any starts, as one server process raises it at its import (the `edgedistill` command names the install): the
+    supervisor imports none of them."""
+    for name in WORKER_PACKAGES:
         if importlib.util.find_spec(name) is None:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)

@@ -133,11 +133,9 @@ def memory_bytes(quantity: str) -> int:
 
 
 def worst_case_bytes(settings) -> int:
-    """What the workers can hold with the deployed bundle: what the server counts per worker (`worker_bytes`) and the
-    calls clients can stall mid-message, about twice MAX_MESSAGE_BYTES each, MAX_CONCURRENT_RPCS per worker
-    (docs/serving.md, slow clients)."""
-    stalled = settings.max_concurrent_rpcs * 2 * settings.max_message_bytes
-    return settings.workers * (worker_bytes(DEPLOYED_MODEL_BYTES) + stalled)
+    """What the workers can hold with the deployed bundle: what the server counts per worker (`worker_bytes`: its
+    models and the calls clients can stall mid-message, docs/serving.md, slow clients)."""
+    return settings.workers * worker_bytes(DEPLOYED_MODEL_BYTES, settings)
 
 
 def test_the_deployments_memory_limit_holds_its_workers_and_their_stalled_calls():
@@ -308,9 +306,13 @@ def compose_workers(service: dict, monkeypatch) -> int:
     return workers.worker_count(compose_settings(service), ServedModels(DEPLOYED_MODEL_BYTES))
 
 
-@pytest.mark.parametrize("shell", ["defaults", "small box"])
+@pytest.mark.parametrize(
+    "shell",
+    [{}, small_box_shell(), {"SERVE_CPUS": "2", "SERVE_MEMORY": "1g"}],
+    ids=["defaults", "small box", "2 cpus 1g"],
+)
 def test_the_compose_memory_limit_holds_its_workers_and_their_stalled_calls(shell, monkeypatch):
-    service = compose_service({} if shell == "defaults" else small_box_shell())
+    service = compose_service(shell)
     settings = compose_settings(service).model_copy(update={"workers": compose_workers(service, monkeypatch)})
     limit = memory_bytes(service["deploy"]["resources"]["limits"]["memory"])
     assert limit >= worst_case_bytes(settings)

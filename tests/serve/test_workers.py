@@ -4,6 +4,7 @@ and restarts one that dies; WORKERS=1 stays one process."""
 import contextlib
 import errno
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -719,14 +721,22 @@ def test_a_supervisor_variable_set_by_hand_is_refused_saying_to_unset_it(posing_
 
 @pytest.mark.parametrize(
     ("cores", "memory_mb", "model_mb", "expected"),
-    [(16, 64_000, 10, 16), (16, 1024, 10, 4), (2, 64_000, 10, 2), (16, 300, 100, 1)],
+    [(16, 64_000, 10, 16), (16, 3000, 10, 4), (2, 64_000, 10, 2), (16, 300, 100, 1)],
     ids=["one per core", "capped by memory", "two cores", "at least one"],
 )
 def test_workers_0_is_one_per_core_capped_by_memory(monkeypatch, tmp_path, cores, memory_mb, model_mb, expected):
     folder = write_bundle(tmp_path / "bundle", model=b"\0" * (model_mb << 20))
     monkeypatch.setattr(workers, "usable_cores", lambda: cores)
     monkeypatch.setattr(workers, "usable_memory", lambda: memory_mb << 20)
-    assert workers.worker_count(Settings(bundle=folder)) == expected
+    assert workers.worker_count(Settings(bundle=folder)) == expected  # 732 MiB each: 200, 2 x 10, 256 x 2 x 1 MiB
+
+
+@pytest.mark.parametrize(("rpcs", "expected"), [(64, 4), (256, 2)], ids=["64 calls", "256 calls"])
+def test_workers_0_counts_each_workers_stalled_calls_against_memory(monkeypatch, tmp_path, rpcs, expected):
+    folder = write_bundle(tmp_path / "bundle")
+    monkeypatch.setattr(workers, "usable_cores", lambda: 16)
+    monkeypatch.setattr(workers, "usable_memory", lambda: 1500 << 20)  # 200 MiB a worker, 2 MiB a stalled call
+    assert workers.worker_count(Settings(bundle=folder, max_concurrent_rpcs=rpcs)) == expected
 
 
 @pytest.mark.parametrize(("memory_mb", "warned"), [(300, True), (64_000, False)], ids=["short", "enough"])
@@ -768,6 +778,15 @@ def test_a_supervisors_start_reads_the_bundles_manifests_once(monkeypatch, tmp_p
     monkeypatch.setattr(workers, "usable_memory", lambda: 64_000 << 20)
     run_here("serve", "--bundle", write_bundle(tmp_path / "bundle"), "--workers", "2")
     assert len(reads) == 1
+
+
+def test_a_supervisor_of_tensorrt_engines_refuses_to_start_workers_without_onnx_runtime(monkeypatch, tmp_path):
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else find(name, *a))
+    settings = Settings(bundle=write_engine(tmp_path / "engine"), host="127.0.0.1", port=0)
+    with pytest.raises(ModuleNotFoundError) as refused:  # every worker imports it (common.runtime), an engine's too
+        workers.Supervisor(settings, [], 2, cascade.ServedModels.read(settings.bundle))._close()
+    assert refused.value.name == "onnxruntime"
 
 
 def test_a_supervisor_given_its_bundles_models_reads_no_manifest(monkeypatch, tmp_path):
@@ -880,6 +899,23 @@ def test_a_metrics_folder_a_live_supervisor_locks_is_kept_whatever_its_pid(temp_
     workers.MetricsFolder().remove()
     os.close(held)
     assert running.exists()
+
+
+def test_a_new_metrics_folder_another_start_removed_before_it_was_locked_is_made_again(temp_root, monkeypatch):
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def mkdtemp_then_another_start(*args, **kwargs):
+        path = mkdtemp(*args, **kwargs)
+        made.append(path)
+        if len(made) == 1:  # another start globs now, finds it unlocked and takes it for a dead supervisor's
+            workers._remove_unheld(Path(path))
+        return path
+
+    monkeypatch.setattr(workers.tempfile, "mkdtemp", mkdtemp_then_another_start)
+    folder = workers.MetricsFolder()
+    kept = folder.path.is_dir()
+    folder.remove()
+    assert kept
 
 
 def test_a_new_metrics_folder_is_locked_while_its_supervisor_lives(temp_root):
