@@ -70,20 +70,10 @@ class Command:
 
     def run(self, name: str, argv: list[str]) -> int:
         quiet_grpc_core()  # read as gRPC is imported
-        try:
-            main = importlib.import_module(self.module).main
-            if self.dispatches:
-                return main([name, *argv], prog=PROG)  # its subparser's usage reads `edgedistill <name>`
-            return main(argv, prog=f"{PROG} {name}")
-        except ModuleNotFoundError as err:
-            if err.name is None or err.name.partition(".")[0] == PROG:
-                raise
-            extra = "cpu" if err.name == "onnxruntime" else self.extra  # or gpu: the two wheels exclude each other
-            print(
-                f"{PROG} {name}: needs {err.name}, which is not installed: pip install '{PROG}[{extra}]'",
-                file=sys.stderr,
-            )
-            return 2
+        main = importlib.import_module(self.module).main
+        if self.dispatches:
+            return main([name, *argv], prog=PROG)  # its subparser's usage reads `edgedistill <name>`
+        return main(argv, prog=f"{PROG} {name}")
 
 
 COMMANDS = {
@@ -310,12 +300,26 @@ def guarded(label: str, name: str, work: Callable[[], int], forced: bool = False
     except SettingError as err:  # an EDGEDISTILL_* variable that any stage may read, wherever it read it
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:
+        if (hint := install_hint(name, err)) is None:
+            return crashed(label)
+        print(f"{label}: {hint}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as stop:  # a line, not the traceback of wherever the stage was
         return stopped(label, name, forced, stop)
     except Exception as err:  # noqa: BLE001 - the traceback is printed; the status keeps 1 for a failed check
         if (stop := wrapped_interrupt(err)) is not None:
             return stopped(label, name, forced, stop)
         return crashed(label)
+
+
+def install_hint(name: str, err: ModuleNotFoundError) -> str | None:
+    """The package the `edgedistill` command `name` stopped without (`err`) and the install of its extra; None for a
+    module of this package's own (a bug) or a name no command has."""
+    if err.name is None or err.name.partition(".")[0] == PROG or name not in COMMANDS:
+        return None
+    extra = "cpu" if err.name == "onnxruntime" else COMMANDS[name].extra  # or gpu: the two wheels exclude each other
+    return f"needs {err.name}, which is not installed: pip install '{PROG}[{extra}]'"
 
 
 def stopped(label: str, name: str, forced: bool, stop: KeyboardInterrupt) -> int:

@@ -91,12 +91,18 @@ def test_a_file_past_the_size_limit_stops_the_command_with_one_line(monkeypatch,
     assert capsys.readouterr().err == "error: checkpoint.pt in runs/smoke/.work/teacher reached this process's limit\n"
 
 
-def run_without(blocked: str, argv: list[str]) -> subprocess.CompletedProcess:
-    """`edgedistill *argv` in a process where the package `blocked` is not installed."""
+def run_without(blocked: str, argv: list[str], module: str | None = None) -> subprocess.CompletedProcess:
+    """`edgedistill *argv`, or `python -m edgedistill.<module> *argv`, in a process where the package `blocked` is not
+    installed."""
+    run = (
+        f"from edgedistill import cli\nsys.exit(cli.main({argv!r}))"
+        if module is None
+        else f"import runpy\nsys.argv[1:] = {argv!r}\nrunpy.run_module('edgedistill.{module}', run_name='__main__', alter_sys=True)"
+    )
     probe = (
         f"import importlib.util, sys\nsys.modules[{blocked!r}] = None\n"
         f"find = importlib.util.find_spec\nimportlib.util.find_spec = lambda n, *a: None if n == {blocked!r} else find(n, *a)\n"
-        f"from edgedistill import cli\nsys.exit(cli.main({argv!r}))"
+        + run
     )
     return subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
 
@@ -126,6 +132,19 @@ def test_a_server_without_its_runtime_names_the_install_command_not_a_traceback(
 
 def test_a_server_without_its_runtime_exits_2(serve_argv):
     assert run_without("onnxruntime", serve_argv).returncode == 2
+
+
+@pytest.mark.parametrize(("blocked", "hint"), [("onnxruntime", "cpu"), ("grpc", "serve")])
+def test_the_server_module_without_its_runtime_names_the_install_command_not_a_traceback(serve_argv, blocked, hint):
+    result = run_without(blocked, serve_argv[1:], module="serve")
+    assert (
+        result.stderr.strip()
+        == f"python -m edgedistill.serve: needs {blocked}, which is not installed: pip install 'edgedistill[{hint}]'"
+    )
+
+
+def test_the_server_module_without_its_runtime_exits_2(serve_argv):
+    assert run_without("onnxruntime", serve_argv[1:], module="serve").returncode == 2
 
 
 def test_the_servers_help_needs_no_runtime():
@@ -219,6 +238,34 @@ def test_a_training_module_stopped_by_ctrl_c_says_training_resumes():
 @pytest.mark.parametrize("module", ENTRY_POINTS)
 def test_a_module_entry_point_stopped_by_an_unexpected_error_exits_70(module):
     assert failed_entry_point(module, "RuntimeError('a bug')").returncode == cli.CRASHED
+
+
+# the `edgedistill` command each entry point is, whose extra installs what it lacks
+ENTRY_COMMANDS = {
+    "serve": "serve",
+    "distill": "teacher",
+    "export": "bundles",
+    "bench": "bench",
+    "loadtests": "loadtest",
+}
+ENTRY_COMMANDS |= {"report": "report", "serve.call": "call", "export.triton": "triton-repo"}
+ENTRY_COMMANDS |= {"serve.proto.generate": "proto", "report.headline": "headline"}
+WITHOUT_LOCUST = "ModuleNotFoundError(\"No module named 'locust'\", name='locust')"
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_a_module_entry_point_without_a_package_says_only_the_install_of_its_extra(module):
+    command = " ".join(
+        [f"python -m edgedistill.{module}", *([FIRST_ARGUMENT[module]] if module in FIRST_ARGUMENT else [])]
+    )
+    extra = cli.COMMANDS[ENTRY_COMMANDS[module]].extra
+    hint = f"{command}: needs locust, which is not installed: pip install 'edgedistill[{extra}]'"
+    assert failed_entry_point(module, WITHOUT_LOCUST).stderr.splitlines() == [hint]
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_a_module_entry_point_without_a_package_exits_2(module):
+    assert failed_entry_point(module, WITHOUT_LOCUST).returncode == 2
 
 
 def test_a_module_entry_point_stopped_by_an_unexpected_error_names_itself_after_the_traceback():
