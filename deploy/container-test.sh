@@ -9,7 +9,7 @@
 #
 # Settings (environment): IMAGE (tag to build), BASE (base image; deploy/base-image.sh makes the
 # default), PY (the project's Python, for the client), READY_TIMEOUT (seconds to SERVING),
-# PIP_CERT (a CA bundle passed to the build as the pip-cert secret, when set).
+# PIP_CERT (a CA bundle file passed to the build as the pip-cert secret, when set; one that names no file fails).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -41,6 +41,7 @@ seconds_since() { awk -v start="$1" -v end="$EPOCHREALTIME" 'BEGIN { printf "%.1
 
 BUNDLE_DIR=$(realpath -e -- "$1") || fail "no bundle folder $1"
 [ -f "$BUNDLE_DIR/manifest.json" ] || fail "$BUNDLE_DIR has no manifest.json: not a bundle"
+[ -z "${PIP_CERT:-}" ] || [ -f "$PIP_CERT" ] || fail "PIP_CERT=$PIP_CERT is not a file: name a CA bundle file, or unset it"
 command -v podman >/dev/null || fail "podman is not installed (deploy/base-image.sh installs it)"
 podman image exists "$BASE" || fail "no base image $BASE: run deploy/base-image.sh"
 [ -x "$PY" ] || fail "no Python at $PY: run make setup"
@@ -63,7 +64,7 @@ trap 'exit 130' INT TERM
 
 # --- build (podman; HEALTHCHECK is kept only in the docker image format) ---
 build_args=(--isolation chroot --format docker --build-arg "BASE=$BASE" --tag "$IMAGE")
-if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+if [ -n "${PIP_CERT:-}" ]; then
   build_args+=(--secret "id=pip-cert,src=$PIP_CERT")
 fi
 say "building $IMAGE from $BASE"

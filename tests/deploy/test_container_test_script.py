@@ -1,4 +1,5 @@
-"""deploy/container-test.sh's own Python, read from the script: the host's read of the container's /metrics."""
+"""deploy/container-test.sh: its own Python, read from the script (the host's read of the container's /metrics), and
+its checks of its settings, which it makes before it needs podman."""
 
 import http.server
 import os
@@ -46,3 +47,11 @@ def test_the_hosts_read_of_the_metrics_goes_past_a_proxy_of_the_environment(metr
         [sys.executable, "-c", metrics_check(), metrics_url], env=env, capture_output=True, timeout=30
     )
     assert result.returncode == 0, result.stderr.decode()[-2000:]
+
+
+def test_a_pip_cert_naming_no_file_fails_naming_it(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")  # a bundle folder, as far as the script looks before it builds
+    env = {**os.environ, "PIP_CERT": str(tmp_path / "ca-certificate.crt")}  # a typo: no such file
+    script = ROOT / "deploy" / "container-test.sh"
+    result = subprocess.run(["bash", script, tmp_path], env=env, capture_output=True, text=True, timeout=60)
+    assert f"FAIL: PIP_CERT={tmp_path / 'ca-certificate.crt'} is not a file" in result.stderr
