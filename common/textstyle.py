@@ -16,7 +16,9 @@ Style = Literal["raw", "ptb_lower"]
 # opens none (HTML reads it as text too), so "I <3 it", "under <10 min" and "x <= y" keep their words when a `>` comes
 # later ("... 5 > 4"), which would otherwise close a span over them. The shared data's text is styled the same either way.
 _TAG = re.compile(r"<(?![\d=])[^>]*>")
-_CLITIC = re.compile(r"(?<=\w)(n't|'s|'re|'ve|'ll|'d|'m)\b")
+# The clitics `tokenise` splits from their word, as SST-2 writes them ("do n't"); `normalise` keys join them back.
+CLITICS = ("n't", "'s", "'re", "'ve", "'ll", "'d", "'m")
+_CLITIC = re.compile(rf"(?<=\w)({'|'.join(CLITICS)})\b")
 # Words written with their period, as SST-2's PTB tokenisation writes them: titles and the like ("mr.", "vs.",
 # "etc."), "no." before a number, dotted initialisms ("u.s.", "e.t."), and initials ("j. k."; not "a." or "i.",
 # which end sentences); not before another period ("x ...", as SST-2 writes it). After a title, an initialism or an

@@ -10,7 +10,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterable
 
-from edgedistill.common.textstyle import Style, ends_with_abbreviation, styled
+from edgedistill.common.textstyle import CLITICS, Style, ends_with_abbreviation, styled
 
 Replacer = Callable[[list[str], int, random.Random], str]
 """Gives a substitute for words[index], e.g. a masked LM's top-k prediction or a same-POS word."""
@@ -136,7 +136,7 @@ def _words(sentence: str) -> int:
     return len(_UNSPACED.findall(sentence)) + sum(bool(_WORD.search(token)) for token in spaced.split())
 
 
-_SPLIT_CLITIC = re.compile(r" (n't|'s|'re|'ve|'ll|'d|'m)\b")
+_SPLIT_CLITIC = re.compile(rf" ({'|'.join(CLITICS)})\b")
 _BRACKET_TOKEN = re.compile(r"-[lr][rcs]b-")
 _NON_ALNUM = re.compile(r"[\W_]+")
 

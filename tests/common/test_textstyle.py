@@ -42,6 +42,11 @@ def test_tokenise_writes_abbreviations_and_runs_of_marks_as_sst2_does(raw, expec
     assert tokenise(raw) == expected
 
 
+@pytest.mark.parametrize("clitic", textstyle.CLITICS)
+def test_tokenise_splits_each_clitic_from_its_word(clitic):
+    assert tokenise(f"They{clitic} here") == f"they {clitic} here"
+
+
 def test_raw_style_keeps_case_and_punctuation_and_drops_markup():
     assert styled("  Don't  miss <br />it&amp;more! ", "raw") == "Don't miss it&more!"
 

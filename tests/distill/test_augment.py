@@ -3,6 +3,7 @@ import time
 import tracemalloc
 
 import pytest
+from edgedistill.common.textstyle import CLITICS, tokenise
 from edgedistill.distill.augment import (
     augment,
     augment_examples,
@@ -184,6 +185,11 @@ def test_normalise_examples(text, expected):
 def test_normalise_matches_a_raw_sentence_with_its_tokenised_form():
     raw = "Don't miss it: the cast's work is (mostly) great!"
     assert normalise(raw) == normalise(split_sentences(raw)[0])
+
+
+@pytest.mark.parametrize("clitic", CLITICS)
+def test_normalise_keys_a_word_with_each_clitic_as_its_tokenised_form(clitic):
+    assert normalise(f"They{clitic} here") == normalise(tokenise(f"They{clitic} here"))
 
 
 def test_chinese_text_splits_after_full_width_sentence_ends():
