@@ -15,11 +15,14 @@ from edgedistill.common import manifest as mf
 from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.bundle import read_bundle
+from edgedistill.common.recipe import RecipeError
 from edgedistill.common.runtime import open_bundle
 from edgedistill.common.scores import top_two_gap, within_reach
 from edgedistill.distill.device import Placement
 from edgedistill.distill.finetune import hf_logits, predict_logits
 from edgedistill.distill.tokenization import encode
+
+TEACHER = "the teacher in PyTorch"  # what labels, where no labeller bundle does
 
 
 def _finished(path: Path, rows: int) -> bool:
@@ -50,6 +53,19 @@ def _counted(shard: Path) -> dict | None:
         return json.loads(_record(shard).read_text())
     except (OSError, ValueError):
         return None
+
+
+def _refuse_non_finite(shard: np.ndarray, name: str, made_by: str) -> None:
+    """`RecipeError` where a row of `shard` (float16, (N, C), as it is stored) is NaN or infinite: stored, such labels
+    pass the fp32 check (a NaN row's argmax is 0) and make every student diverge."""
+    if bad := int((~np.isfinite(shard)).any(-1).sum()):
+        raise RecipeError(
+            f"[transfer] {bad} of the {len(shard)} texts of shard {name} got logits from {made_by} that are NaN or "
+            "infinite as float16, which shards hold, and would pass for labels: the shard is not written. Label in "
+            "fp32 in PyTorch (--runtime.precision=fp32 --transfer.labeller=null, with --transfer.relabel_margin=null "
+            "where the recipe sets a margin); where the teacher gives them in fp32 too, build it again "
+            "(`edgedistill teacher RECIPE --force`)"
+        )
 
 
 def agreement(logits: np.ndarray, reference: np.ndarray, tie_margin: float) -> dict:
@@ -113,11 +129,13 @@ def label_shards(
     work: Path,
     placement: Placement,
     second_pass: SecondPass | None = None,
+    made_by: str = f"{TEACHER} (fp32)",
 ) -> np.ndarray:
     """Teacher logits (`forward(batch) -> logits`, then `second_pass` where given) for `texts` (with their
     `pairs`), batched by length on `placement`, one atomically written float16 shard at a time, then the second
     pass's counts of it; finished shards are kept (with a second pass, only those with their counts), damaged ones
-    labelled again."""
+    labelled again. A shard with a NaN or infinite logit is refused, naming what labelled it (`made_by`), before
+    anything of it is written."""
     starts = range(0, len(texts), cfg.shard_size)
     paths = [work / f"logits-{index:05d}.npy" for index in range(len(starts))]
     sizes = [min(cfg.shard_size, len(texts) - start) for start in starts]
@@ -139,6 +157,7 @@ def label_shards(
             logits, relabelled = second_pass.relabel(feats, logits)
             counts[index] = {"texts": len(logits), "relabelled": relabelled}
         shard = logits.astype(np.float16)
+        _refuse_non_finite(shard, paths[index].name, made_by)
         atomic_write(paths[index], lambda tmp, shard=shard: np.save(tmp, shard))
         if second_pass is not None:
             atomic_write(_record(paths[index]), json.dumps(counts[index]))
@@ -165,15 +184,19 @@ def label_checked(
     placement: Placement,
     recheck: bool,
     second_pass: SecondPass | None = None,
+    labeller: str = TEACHER,
 ) -> tuple[np.ndarray, dict]:
-    """`label_shards` in `placement`'s precision (an INT8 labeller's `forward` with its `second_pass`), and the
-    figures for the manifest. Labels made in bf16/fp16 or by INT8 are compared with fp32 ones (`precision_check`);
-    labels that agree on fewer than `cfg.min_agreement` of the checked sentences (near-ties aside) are made again by
-    the teacher in fp32, their figures kept under `rejected`: always for INT8's labels (a labeller the recipe names
-    is gated), and with `recheck` (precision auto) for PyTorch's; an explicit bf16/fp16 keeps its labels, with a
-    warning and the figures."""
+    """`label_shards` by `forward`, which `labeller` names in errors, in `placement`'s precision (an INT8 labeller's
+    `forward` with its `second_pass`), and the figures for the manifest. Labels made in bf16/fp16 or by INT8 are
+    compared with fp32 ones (`precision_check`); labels that agree on fewer than `cfg.min_agreement` of the checked
+    sentences (near-ties aside) are made again by the teacher in fp32, their figures kept under `rejected`: always for
+    INT8's labels (a labeller the recipe names is gated), and with `recheck` (precision auto) for PyTorch's; an
+    explicit bf16/fp16 keeps its labels, with a warning and the figures."""
+    made_by = f"{labeller} ({placement.precision})"
+    if second_pass is not None:
+        made_by = f"{labeller} (INT8) with its second pass in PyTorch ({placement.precision})"
     with torch.inference_mode(), placement.autocast():
-        logits = label_shards(forward, tokenizer, texts, pairs, cfg, work, placement, second_pass)
+        logits = label_shards(forward, tokenizer, texts, pairs, cfg, work, placement, second_pass, made_by)
     made = {"precision": placement.precision}
     if second_pass is not None:
         made |= {"second_pass": second_pass.figures()}

@@ -9,6 +9,7 @@ from edgedistill.common.names import first_of, nearest_beside
 from edgedistill.common.recipe import Recipe, RecipeError, run_dir
 from edgedistill.distill import device, dist, heads, parallel, pretrain, stages, student_stage, table
 from edgedistill.distill.tokenization import load_tokenizer, mask_token, pair_segments
+from edgedistill.distill.transfer import labelling_placement
 from transformers import AutoConfig
 
 CALIBRATION_LINES = 100  # unlabelled lines past the transfer set's that a cascade's 100 texts at least may need
@@ -32,7 +33,10 @@ def run(
         dist.check_same_precision(placement.name, placement.precision)
         if dist.is_main():
             p = placement.describe()
-            print(f"[runtime] {p['device']} ({p['device_name']}), {p['precision']}, {dist.world_size()} process(es)")
+            print(
+                f"[runtime] {p['device']} ({p['device_name']}), {_precision(recipe, stage, placement)}, "
+                f"{dist.world_size()} process(es)"
+            )
             if slow := device.emulation_warning(placement):
                 print(f"[runtime] warning: {slow}")
         if stage in ("pretrain", "finetune", "teacher"):
@@ -48,6 +52,20 @@ def run(
             _transfer_and_students(recipe, recipe_file, stage, only, jobs, force, baselines)
     finally:
         dist.shutdown()
+
+
+def _precision(recipe: Recipe, stage: str, placement: device.Placement) -> str:
+    """The precision `stage` runs in (`placement`'s): the transfer set is labelled in `labelling_placement`'s (bf16
+    where `auto` trains in fp32 on a CPU that computes bf16 natively); `distill`, which labels it first where it is
+    stale, names both where they differ."""
+    if stage not in ("transfer", "distill") or recipe.transfer is None:  # the stage says what the recipe lacks
+        return placement.precision
+    labelling = labelling_placement(recipe).precision
+    if stage == "transfer":
+        return labelling
+    if labelling != placement.precision:
+        return f"{placement.precision} ({labelling} to label the transfer set)"
+    return placement.precision
 
 
 def _warn_unreadable_transfer_files(recipe: Recipe) -> None:

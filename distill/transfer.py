@@ -1,7 +1,8 @@
 """Build the transfer set and label it with the teacher once; writes `runs/<recipe>/transfer/`.
 
-The texts come from `transfer_texts` and are kept in the stage's work folder; `labelling` labels them in shards, so a
-killed run resumes at the first missing shard without building the texts again.
+The texts come from `transfer_texts` and are kept in the stage's work folder with the key of what they are built from;
+`labelling` labels them in shards, so a killed run resumes at the first missing shard without building the texts again,
+and a run that labels them otherwise (another precision, labeller or labelling setting) without building them again.
 
 Artifact: `texts.txt` (one text per line), for pair tasks `pairs.txt` (sentence B, line by line),
 `meta.npz` (`source`: 0 unlabelled, 1 train, 2 augmented; `label`: gold label or -1), `composition.json` (the
@@ -9,6 +10,8 @@ count of each source and of each drop), `logits.npy` (float16, (N, C)) and `dev_
 dev texts as the bundles serve them).
 """
 
+import hashlib
+import json
 import shutil
 import time
 from dataclasses import replace
@@ -21,13 +24,27 @@ from edgedistill.common import progress
 from edgedistill.common.atomic import atomic_write
 from edgedistill.common.data import Examples, load_splits
 from edgedistill.common.recipe import Recipe, run_dir
-from edgedistill.common.stage import FORCED, Built, Inputs
+from edgedistill.common.stage import FORCED, WALL, Built, Inputs
 from edgedistill.distill import device, heads
 from edgedistill.distill.finetune import hf_logits, predict_logits
-from edgedistill.distill.labelling import SecondPass, label_checked, labelling_info, onnx_labeller
+from edgedistill.distill.labelling import TEACHER, SecondPass, label_checked, labelling_info, onnx_labeller
 from edgedistill.distill.metrics import task_metrics
+from edgedistill.distill.stages import HELD_OUT
 from edgedistill.distill.tokenization import cut_warning, encode, load_tokenizer, mask_token
 from edgedistill.distill.transfer_texts import SOURCES, TransferTexts, build_texts
+
+# The transfer settings that only labelling reads: kept texts are labelled again after a change of one, not built again.
+LABELLING = (
+    "max_length",
+    "shard_size",
+    "label_batch_size",
+    "labeller",
+    "relabel_margin",
+    "precision_check_sentences",
+    "tie_margin",
+    "min_agreement",
+)
+TEXTS_KEY = "key"  # in the kept texts' folder: `_texts_key` of what they were built from
 
 
 def _warn_of_cut_examples(tokenizer, train: Examples, dev: Examples, max_length: int) -> None:
@@ -72,19 +89,38 @@ def _empty(folder: Path, keep: tuple[str, ...] = ()) -> None:
             left.unlink()
 
 
+def _texts_key(recipe: Recipe, mask: str | None) -> str:
+    """A short hash of what `build_texts` builds the texts from: the data, every transfer setting but `LABELLING`'s,
+    which texts are held out (`HELD_OUT`) and the mask token (the teacher's tokenizer's, the texts' only tie to it)."""
+    read = [f"transfer.{name}" for name in type(recipe.transfer).model_fields if name not in LABELLING]
+    built_from = [recipe.settings("data", *read), HELD_OUT, mask]
+    return hashlib.sha256(json.dumps(built_from, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _texts(recipe: Recipe, mask: str | None, kept: Path) -> TransferTexts:
-    """The transfer set's texts: those an interrupted run of the same work built and kept in the folder `kept`,
-    else `build_texts`, kept there (atomically) before labelling starts, so that a resumed labelling does not build
-    them again (hours for a large unlabelled dump). Without kept texts, what else the work folder holds (label
-    shards an earlier release left, of texts it may have built otherwise) goes, but for its stamp and a forced run's
-    marker."""
-    if kept.is_dir():
+    """The transfer set's texts: those an interrupted run built from the same settings (`_texts_key`) and kept in the
+    folder `kept`, however it labelled them, else `build_texts`, kept there (atomically) before labelling starts, so
+    that a resumed labelling does not build them again (hours for a large unlabelled dump). Without such texts, what
+    else the work folder holds (label shards of texts built otherwise, or by an earlier release) goes, but for its
+    stamp and a forced run's marker."""
+    key = _texts_key(recipe, mask)
+    if (kept / TEXTS_KEY).is_file() and (kept / TEXTS_KEY).read_text() == key:
         progress.write(f"[transfer] resuming: the texts an interrupted run built are read from {kept}")
         return TransferTexts.read(kept)
     _empty(kept.parent, keep=("config_hash", FORCED))
     built = build_texts(recipe, mask)
-    atomic_write(kept, lambda tmp: (tmp.mkdir(), built.write(tmp)))
+    atomic_write(kept, lambda tmp: (tmp.mkdir(), built.write(tmp), (tmp / TEXTS_KEY).write_text(key)))
     return built
+
+
+def labelling_placement(recipe: Recipe) -> device.Placement:
+    """Where, and in what precision, the stage runs the teacher in PyTorch: `device.for_labelling`'s, but fp32 where
+    an fp32 labeller bundle labels (on the CPU), which leaves PyTorch only the teacher's dev figures, in fp32."""
+    placement = device.for_labelling(recipe.runtime)
+    name = recipe.transfer.labeller
+    if name and placement.device.type == "cpu" and recipe.export.bundles[name].precision == "fp32":
+        return replace(placement, precision="fp32")
+    return placement
 
 
 def build_stage(inputs: Inputs) -> Built:
@@ -93,7 +129,7 @@ def build_stage(inputs: Inputs) -> Built:
     teacher_dir = inputs.parent("teacher")
     tokenizer = load_tokenizer(str(teacher_dir))
     mask = mask_token(tokenizer, recipe.transfer.masks)
-    placement = device.for_labelling(recipe.runtime)
+    placement = labelling_placement(recipe)
     model = heads.load_teacher(teacher_dir).eval().to(placement.device)
     heads.require_positions(model.config, recipe.transfer.max_length, "transfer.max_length", teacher_dir)
     # written as the bundles' server writes them, as the teacher and students score them: the teacher's dev figures
@@ -112,30 +148,30 @@ def build_stage(inputs: Inputs) -> Built:
                 f"{folder} is a {labeller['bundle_precision']} bundle but the recipe makes it {wanted}: rebuild it "
                 "with `edgedistill labeller RECIPE --force` (make transfer builds it)"
             )
-        if labeller["bundle_precision"] == "fp32":
-            placement = replace(placement, precision="fp32")  # an fp32 graph labels; nothing runs in PyTorch
-        else:  # INT8 labels; the texts it is unsure of are labelled again in PyTorch, in the labelling precision
+        if labeller["bundle_precision"] == "int8":  # the texts it is unsure of are labelled again in PyTorch
             cfg = recipe.transfer
             second_pass = SecondPass(
                 hf_logits(model), cfg.relabel_margin, tokenizer.pad_token_id, cfg.label_batch_size, placement
             )
 
-    # Label shards of an interrupted run are kept only for the same teacher, engine (the same labeller bundle),
-    # precision and second pass; under --force, only those a forced run of them left (`Inputs.resumable_work`). Its
-    # texts, for the same work (`work_key`, which the key starts with): labelled otherwise, they are the same texts.
+    # Label shards of an interrupted run are kept only for the same work (`work_key`: settings and teacher), engine
+    # (the same labeller bundle), precision and second pass; under --force, only those a forced run of them left
+    # (`Inputs.resumable_work`). Its texts go by their own key (`_texts`), and with them the wall time the run kept,
+    # which counts where its work key is this run's (`common.stage`).
     key = inputs.work_key + labeller["engine"] + placement.precision
     key += labeller.get("bundle_precision", "") + labeller.get("bundle_sha256", "")
     work = inputs.resumable_work(key)
     stamp = work / "config_hash"
-    if not inputs.force and (not stamp.is_file() or (stamped := stamp.read_text()) != key):
-        _empty(work, keep=("texts",) if stamp.is_file() and stamped.startswith(inputs.work_key) else ())
+    if not inputs.force and (not stamp.is_file() or stamp.read_text() != key):
+        _empty(work, keep=("texts", WALL))
     atomic_write(stamp, key)
     built = _texts(recipe, mask, work / "texts")
     texts, pairs, composition = built.texts, built.pairs, built.composition
     started = time.perf_counter()  # shards left by a killed run count as free
     recheck = recipe.runtime.precision == "auto"
+    by = f"the labeller bundle {labeller['bundle']}" if "bundle" in labeller else TEACHER
     logits, measured = label_checked(
-        model, forward, tokenizer, texts, pairs, recipe.transfer, work, placement, recheck, second_pass
+        model, forward, tokenizer, texts, pairs, recipe.transfer, work, placement, recheck, second_pass, by
     )
     labelling = labelling_info(placement, labeller, measured | {"seconds": round(time.perf_counter() - started, 1)})
     dev_feats = encode(tokenizer, dev.texts, dev.pairs, recipe.model.max_length)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.distill import __main__ as distill_main
-from edgedistill.distill import pipeline, stages
+from edgedistill.distill import device, pipeline, stages
 from edgedistill.distill.dist import CollectiveTimeout
 from edgedistill.distill.students import ARCHITECTURES
 
@@ -62,6 +62,30 @@ def test_a_transfer_length_past_the_inits_positions_is_warned_of_before_the_teac
         ["teacher", str(ROOT / "recipes" / "smoke.yaml"), f"--model.init={init}", "--transfer.max_length=600"]
     )
     assert "transfer.max_length=600, but " in capsys.readouterr().out
+
+
+def runtime_line_on_a_native_bf16_cpu(monkeypatch, capsys, *args: str) -> str:
+    """The `[runtime]` line `python -m distill *args` prints on a CPU that computes bf16 natively, building nothing."""
+    monkeypatch.setattr(device, "native_bf16", lambda: True)
+    monkeypatch.setattr(pipeline, "_transfer_and_students", lambda *_: None)
+    distill_main.main([*args, "--runtime.device=cpu"])
+    return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("[runtime] "))
+
+
+def test_the_runtime_line_of_the_transfer_stage_names_the_precision_it_labels_in(monkeypatch, capsys):
+    assert ", bf16, " in runtime_line_on_a_native_bf16_cpu(monkeypatch, capsys, "transfer", str(SMOKE))
+
+
+def test_the_runtime_line_of_a_transfer_stage_an_fp32_labeller_labels_names_fp32(monkeypatch, capsys):
+    labeller = "--transfer.labeller=teacher-fused"
+    assert ", fp32, " in runtime_line_on_a_native_bf16_cpu(monkeypatch, capsys, "transfer", str(SMOKE), labeller)
+
+
+def test_the_runtime_line_of_distill_names_the_precision_that_labels_the_transfer_set_beside_trainings(
+    monkeypatch, capsys
+):
+    line = runtime_line_on_a_native_bf16_cpu(monkeypatch, capsys, "distill", str(SMOKE))
+    assert ", fp32 (bf16 to label the transfer set), " in line
 
 
 GAVE_UP = "rank 1 waited 5 s (runtime.collective_timeout_s) for rank 0 to evaluate, and gave up: ..."

@@ -14,7 +14,7 @@ from edgedistill.common.config.training import RuntimeConfig, TransferConfig
 from edgedistill.common.data import DataError
 from edgedistill.common.recipe import Recipe, RecipeError, load_recipe
 from edgedistill.common.runtime import open_bundle
-from edgedistill.common.stage import Inputs
+from edgedistill.common.stage import WALL, Inputs
 from edgedistill.common.textstyle import as_served, styled
 from edgedistill.distill import labelling, stages, transfer
 from edgedistill.distill.augment import normalise
@@ -531,6 +531,12 @@ SMALL = ["--pretrain.optim.max_steps=10", "--finetune.optim.max_steps=10", "--tr
 SMALL += ["--data.train_limit=1000", "--transfer.max_unlabelled=1000", "--transfer.max_augmented=1000"]
 
 
+def overridden(args: list[str], *changes: str) -> list[str]:
+    """The overrides `args` with `changes` in place of those of the same keys (a key may be given once)."""
+    changed = {change.partition("=")[0] for change in changes}
+    return [arg for arg in args if arg.partition("=")[0] not in changed] + list(changes)
+
+
 @pytest.fixture
 def straight(tmp_path_factory) -> Path:
     """This test's runs folder, holding the run `straight`: the smoke recipe's teacher and transfer set with `SMALL`
@@ -616,9 +622,65 @@ def test_label_shards_an_earlier_release_left_without_kept_texts_are_labelled_ag
     np.testing.assert_array_equal(logits, np.load(runs / "straight" / "transfer" / "logits.npy"))
 
 
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def stopped_before_labelling(runs: Path, name: str, *extra: str) -> Path:
+    """The transfer work folder of run `name` in `runs` (with the settings `extra`, in place of `SMALL`'s), stopped as
+    by Ctrl-C once its texts were kept, before labelling, beside the run `straight` (the `straight` fixture's), from the
+    same teacher."""
+    (runs / name).mkdir(exist_ok=True)
+    if not (runs / name / "teacher").exists():
+        os.symlink(runs / "straight" / "teacher", runs / name / "teacher")
+    with pytest.MonkeyPatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(transfer, "label_checked", interrupt)
+        run_stage("transfer", SMOKE, f"--name={name}", *overridden(SMALL, *extra))
+    return runs / name / ".work" / "transfer"
+
+
+def texts_built_when_resumed(runs: Path, monkeypatch, *extra: str) -> int:
+    """How many times `build_texts` ran in run `texts` stopped before labelling, then run again with the settings
+    `extra` until it labels."""
+    stopped_before_labelling(runs, "texts")
+    built = []
+    monkeypatch.setattr(transfer, "build_texts", lambda *args: built.append(args) or build_texts(*args))
+    stopped_before_labelling(runs, "texts", *extra)
+    return len(built)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "setting", ["--transfer.label_batch_size=64", "--transfer.shard_size=50", "--transfer.min_agreement=0.99"]
+)
+def test_texts_kept_by_a_stopped_transfer_are_not_built_again_after_a_labelling_setting_changed(
+    straight, monkeypatch, setting
+):
+    assert texts_built_when_resumed(straight, monkeypatch, setting) == 0
+
+
+@pytest.mark.slow
+def test_texts_kept_by_a_stopped_transfer_are_built_again_after_a_setting_that_shapes_them_changed(
+    straight, monkeypatch
+):
+    assert texts_built_when_resumed(straight, monkeypatch, "--transfer.seed=14") == 1
+
+
+@pytest.mark.slow
+def test_the_wall_time_of_a_stopped_transfer_counts_when_another_precision_labels_its_kept_texts(straight):
+    """Stopped in bf16 (an hour of it, as kept), labelled in fp32: the manifest's wall time holds the hour."""
+    wall = stopped_before_labelling(straight, "wall", "--runtime.precision=bf16") / WALL
+    wall.write_text(json.dumps(json.loads(wall.read_text()) | {"seconds": 3600.0}))
+    resumed = run_stage("transfer", SMOKE, "--name=wall", *SMALL, "--runtime.precision=fp32")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert mf.load(straight / "wall" / "transfer").wall_seconds >= 3600
+
+
 def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
-    """`python -m distill transfer` of the smoke recipe as run `name`, labelled by the teacher-fused bundle."""
-    return run_module("distill", runs, "transfer", SMOKE, f"--name={name}", "--transfer.labeller=teacher-fused", *extra)
+    """`python -m distill transfer` of the smoke recipe as run `name`, labelled by the teacher-fused bundle unless
+    `extra` names another."""
+    labelled = overridden(["--transfer.labeller=teacher-fused"], *extra)
+    return run_module("distill", runs, "transfer", SMOKE, f"--name={name}", *labelled)
 
 
 def fp32_teacher_logits(run) -> np.ndarray:
@@ -761,7 +823,9 @@ def test_a_transfer_set_of_an_earlier_release_that_pytorch_labelled_stays_curren
 def transfer_here(monkeypatch, runs, name: str, *extra: str) -> subprocess.CompletedProcess:
     """`transfer_with_labeller` run in this process, for a labeller that is refused before any labelling."""
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
-    return run_here("distill", "transfer", SMOKE, f"--name={name}", "--transfer.labeller=teacher-fused", *extra)
+    return run_here(
+        "distill", "transfer", SMOKE, f"--name={name}", *overridden(["--transfer.labeller=teacher-fused"], *extra)
+    )
 
 
 def test_a_labeller_bundle_of_another_precision_than_the_recipe_says_is_refused(smoke_bundles, monkeypatch):
@@ -934,9 +998,8 @@ def test_masking_with_a_tokenizer_whose_unknown_token_pads_is_warned_of_before_t
     runs, args = gpt2_teacher
     # one step more than the teacher took: it trains again, in a copy so the module's teacher stays as built
     shutil.copytree(runs, tmp_path / "runs")
-    result = run_module(
-        "distill", tmp_path / "runs", "finetune", *args, "--transfer.p_mask=0.1", "--finetune.optim.max_steps=3"
-    )
+    more = overridden(args, "--transfer.p_mask=0.1", "--finetune.optim.max_steps=3")
+    result = run_module("distill", tmp_path / "runs", "finetune", *more)
     assert "[teacher] warning: " in result.stdout and "set transfer.p_mask to 0" in result.stdout
 
 
