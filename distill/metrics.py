@@ -16,12 +16,19 @@ def classification_metrics(
     """`{prefix}_accuracy`, `{prefix}_macro_f1`, `{prefix}_f1` and `{prefix}_confusion` ([true][pred]). `logits` (N, C).
 
     macro_f1 averages the F1 of the labels that occur in `labels` or in the predictions (as scikit-learn
-    does). f1 is the F1 of label `positive` (`DataConfig.positive_index`); None reports no f1.
+    does). f1 is the F1 of label `positive` (`DataConfig.positive_index`); None reports no f1. ValueError for an
+    empty split or a label that is not an integer in 0..num_labels-1.
     """
     if positive is not None and not 0 <= positive < num_labels:
         raise ValueError(f"positive label {positive} is outside 0..{num_labels - 1}")
-    pred = np.asarray(logits).argmax(-1)
     gold = np.asarray(labels)
+    if not gold.size:
+        raise ValueError(f"no {prefix} examples to score: the split is empty")
+    if not np.issubdtype(gold.dtype, np.integer):
+        raise ValueError(f"{prefix} labels must be label indices (integers), got {gold.dtype}")
+    if (outside := np.unique(gold[(gold < 0) | (gold >= num_labels)])).size:
+        raise ValueError(f"{prefix} labels {outside.tolist()} are outside 0..{num_labels - 1}")
+    pred = np.asarray(logits).argmax(-1)
     confusion = np.zeros((num_labels, num_labels), dtype=int)
     np.add.at(confusion, (gold, pred), 1)
     f1, seen = label_f1(confusion)

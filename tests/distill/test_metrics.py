@@ -68,6 +68,26 @@ def test_positive_label_outside_the_labels_is_refused():
         classification_metrics(THREE_LOGITS, THREE_GOLD, 3, 3)
 
 
+def test_a_gold_label_below_zero_is_refused_naming_it_not_counted_as_the_last_label():
+    with pytest.raises(ValueError, match=r"^dev labels \[-1\] are outside 0\.\.1$"):
+        classification_metrics(np.eye(2)[[0, 1]], [-1, 1], 2, 1)
+
+
+def test_gold_labels_past_the_last_are_refused_naming_each_once():
+    with pytest.raises(ValueError, match=r"^dev labels \[3, 5\] are outside 0\.\.2$"):
+        classification_metrics(THREE_LOGITS, [5, 3, 5, 0], 3, None)
+
+
+def test_a_gold_label_that_is_not_an_integer_is_refused():
+    with pytest.raises(ValueError, match=r"^dev labels must be label indices \(integers\), got float64$"):
+        classification_metrics(BINARY_LOGITS, [1.0, 1.0, 0.0, 0.0, 1.0], 2, 1)
+
+
+def test_an_empty_split_is_refused_saying_so():
+    with pytest.raises(ValueError, match=r"^no dev examples to score: the split is empty$"):
+        classification_metrics(np.zeros((0, 2)), [], 2, 1)
+
+
 def test_prefix_names_a_test_split():
     assert set(classification_metrics(BINARY_LOGITS, BINARY_GOLD, 2, 1, prefix="test")) == {
         "test_accuracy",
