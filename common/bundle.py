@@ -31,6 +31,18 @@ SPEC_VERSION = 4
 # Tokens: far more than the students built here take, and few enough that the server's warm-up rows fit in memory.
 MAX_LENGTH = 1 << 16
 VERSION_DIGITS = 12  # hex digits of a content version (`ServedModel.content_versioned`)
+# The token inputs a model may take, in the order of a BERT-style classifier's forward: input_ids, then optionally
+# attention_mask and token_type_ids.
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Where a batch's shorter rows are padded: after their tokens (attention_mask 1s then 0s), as in training. The
+# BiLSTM and CNN students find a row's length from its mask and BERT and GPT number positions from 0, so a row padded
+# on the left gives other logits.
+PADDING_SIDE = "right"
+
+
+def pad_value(name: str, pad_token_id: int) -> int:
+    """What pads token input `name` of a shorter row: `pad_token_id` for input_ids, 0 (masked out) for the others."""
+    return pad_token_id if name == "input_ids" else 0
 
 
 class TensorSpec(BaseModel):

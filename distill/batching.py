@@ -3,6 +3,7 @@
 import random
 
 import torch
+from edgedistill.common.bundle import pad_value
 
 
 def length_grouped_batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
@@ -29,7 +30,7 @@ def collate(features: dict[str, list[list[int]]], indices: list[int], pad_id: in
     width = max(len(ids[i]) for i in indices)
     out = {}
     for key, rows in features.items():
-        fill = pad_id if key == "input_ids" else 0
+        fill = pad_value(key, pad_id)
         out[key] = torch.tensor([rows[i] + [fill] * (width - len(rows[i])) for i in indices], dtype=torch.long)
     out["attention_mask"] = torch.tensor(
         [[1] * len(ids[i]) + [0] * (width - len(ids[i])) for i in indices], dtype=torch.long

@@ -9,6 +9,7 @@ The classes are registered with the transformers Auto classes: once this module 
 
 import torch
 from edgedistill.common import guide
+from edgedistill.common.bundle import TOKEN_INPUTS
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.distill.students import BERT_TYPES
 from torch import nn
@@ -24,9 +25,6 @@ from transformers import (
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.models.bert.modeling_bert import BertPreTrainedModel
-
-# What a BERT-style classifier takes, in order of its forward's arguments.
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class MeanPooledBertConfig(BertConfig):

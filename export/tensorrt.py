@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from edgedistill.common.atomic import atomic_write
+from edgedistill.common.bundle import pad_value
 from edgedistill.common.config.export import ENGINE_BATCH
 from edgedistill.common.runtime import Cuda, require_tensorrt, tensorrt_logger
 
@@ -56,7 +57,7 @@ def calibration_batches(
     """Re-cut token-id batches of any shape into the one shape TensorRT calibrates at: the `batch` profile's opt
     batch of rows as long as the longest, within the `sequence` profile's max, so that no row loses its tail.
 
-    Rows are padded (`input_ids` with `pad_id`, the other inputs with 0, so attention mask 0) to that length, and one
+    Rows are padded on the right (`common.bundle.pad_value`, `input_ids` with `pad_id`) to that length, and one
     longer than the profile's max is cut to it. TensorRT calibrates on full batches: the last one is filled with the
     first rows again, so that every row given calibrates.
     """
@@ -74,7 +75,7 @@ def calibration_batches(
     columns: dict[str, list[np.ndarray]] = {name: [] for name in inputs}
     for arrays in fed:
         for name, array in arrays.items():
-            fitted = np.full((array.shape[0], length), pad_id if name == "input_ids" else 0, dtype=np.int64)
+            fitted = np.full((array.shape[0], length), pad_value(name, pad_id), dtype=np.int64)
             width = min(length, array.shape[1])
             fitted[:, :width] = array[:, :width]
             columns[name].append(fitted)

@@ -17,7 +17,7 @@ from types import ModuleType
 from edgedistill.common import manifest as mf
 from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.atomic import atomic_write
-from edgedistill.common.bundle import Bundle, BundleSpec, TensorSpec, load_bundle
+from edgedistill.common.bundle import PADDING_SIDE, Bundle, BundleSpec, TensorSpec, load_bundle
 from edgedistill.common.providers import cuda_options
 from edgedistill.common.runtime import (
     CUDA,
@@ -148,10 +148,11 @@ def model_config(bundle: Bundle, batching: Batching):
     config.dynamic_batching.preferred_batch_size.extend(preferred_batch_sizes)
     config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
     config.instance_group.add(count=instance_count, kind=model_config_pb2.ModelInstanceGroup.Kind.Value(kind))
-    # for clients that tokenize: how they write texts, pad a batch (a GPT-style model reads its last token as the last
-    # one not the pad id) and cut a text, and make a pair's token_type_ids (common.segments)
+    # for clients that tokenize: how they write texts, pad a batch (on the right, with the pad id a GPT-style model
+    # finds its last token by) and cut a text, and make a pair's token_type_ids (common.segments)
     config.parameters["text_style"].string_value = spec.text_style
     config.parameters["pad_token_id"].string_value = str(spec.pad_token_id)
+    config.parameters["padding_side"].string_value = PADDING_SIDE
     config.parameters["max_length"].string_value = str(spec.max_length)
     if spec.pair_segments != "token_types":
         config.parameters["pair_segments"].string_value = spec.pair_segments

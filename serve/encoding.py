@@ -5,13 +5,12 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import segments
-from edgedistill.common.bundle import Bundle
+from edgedistill.common.bundle import TOKEN_INPUTS, Bundle, pad_value
 from edgedistill.common.segments import PairSegments
 from edgedistill.common.textstyle import Style, as_served
 from edgedistill.serve.errors import BundleRejected, UnreadableText
 from tokenizers import Tokenizer
 
-SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _NUMPY_DTYPES = {"int64": np.int64, "int32": np.int32}
 
 
@@ -32,11 +31,11 @@ class TextEncoder:
         text is written before tokenizing, `pair_segments` how a pair's `token_type_ids` are made (all from the bundle
         spec). With `tokenizer_json` (the text of `path`, already read and verified) the file is not read again;
         `path` names it in messages."""
-        unknown = set(inputs) - set(SEQUENCE_INPUTS)
+        unknown = set(inputs) - set(TOKEN_INPUTS)
         if unknown or "input_ids" not in inputs:
             raise BundleRejected(
                 f"the model's inputs {sorted(inputs)} are not text inputs: expected input_ids and optionally "
-                f"{', '.join(SEQUENCE_INPUTS[1:])}"
+                f"{', '.join(TOKEN_INPUTS[1:])}"
             )
         try:
             if tokenizer_json is None:
@@ -80,7 +79,7 @@ class TextEncoder:
 
     @property
     def pad_values(self) -> dict[str, int]:
-        return {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0}
+        return {name: pad_value(name, self.pad_id) for name in TOKEN_INPUTS}
 
     def encode(self, texts: list[str], pairs: list[str] | None = None) -> list[dict[str, np.ndarray]]:
         """One row per text (and pair), written in the text style first; a text or pair that gives no token but the

@@ -10,13 +10,12 @@ from importlib import metadata
 
 import grpc
 import numpy as np
-from edgedistill.common.bundle import BundleSpec, text_inputs
+from edgedistill.common.bundle import PADDING_SIDE, TOKEN_INPUTS, BundleSpec, text_inputs
 from edgedistill.common.cascade import CascadeSpec
 from edgedistill.common.runtime import TRITON_LABELS_FILE, TRITON_PLATFORMS
 from edgedistill.serve import tensors
 from edgedistill.serve.batching import ENDED_BY_SERVER
 from edgedistill.serve.cascade import CascadeRuntime
-from edgedistill.serve.encoding import SEQUENCE_INPUTS
 from edgedistill.serve.errors import (
     BatcherClosed,
     DeadlineExpired,
@@ -64,7 +63,7 @@ TEXT_INPUTS = tuple(text_inputs(pairs=True))
 ROW_DIMS = (1,)
 # Triton's model-configuration data type of each KServe datatype ModelConfig lists (text inputs, outputs)
 TRITON_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "FP32": "TYPE_FP32"}
-INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in SEQUENCE_INPUTS}
+INPUTS = {name: "BYTES" for name in TEXT_INPUTS} | {name: "INT64" for name in TOKEN_INPUTS}
 # The parameter by which Triton's shared-memory extensions place a tensor outside the messages; not served here.
 SHARED_MEMORY_REGION = "shared_memory_region"
 STREAM_WINDOW = 16  # requests of one stream in flight at once
@@ -212,6 +211,7 @@ def model_config(
         config.parameters["token_inputs"].string_value = json.dumps(runtime.spec.input_names)
         config.parameters["max_length"].string_value = str(runtime.spec.max_length)
         config.parameters["pad_token_id"].string_value = str(runtime.spec.pad_token_id)
+        config.parameters["padding_side"].string_value = PADDING_SIDE
         if runtime.spec.pair_segments != "token_types":
             config.parameters["pair_segments"].string_value = runtime.spec.pair_segments
     return config

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import VERSION_DIGITS, load_bundle, read_bundle, tokenizer_json
+from edgedistill.common.bundle import TOKEN_INPUTS, VERSION_DIGITS, load_bundle, pad_value, read_bundle, tokenizer_json
 from tokenizers import Tokenizer
 
 from tests.serve.conftest import pair_spec, spec, tiny_tokenizer, write_bundle, write_cascade
@@ -159,3 +159,12 @@ def test_reading_a_bundle_to_serve_lets_its_card_be(tmp_path):
     folder = write_bundle(tmp_path / "bundle")
     (folder / mf.CARD).write_text("# bundle")
     assert read_bundle(folder)[0].folder == folder
+
+
+def test_a_shorter_rows_input_ids_are_padded_with_the_pad_id():
+    assert pad_value("input_ids", 50256) == 50256
+
+
+@pytest.mark.parametrize("name", TOKEN_INPUTS[1:])
+def test_a_shorter_rows_other_token_inputs_are_padded_with_zero_whatever_the_pad_id(name):
+    assert pad_value(name, 50256) == 0

@@ -306,6 +306,11 @@ def test_the_config_gives_the_pad_id_a_client_pads_a_batch_with(tmp_path):
     assert config.parameters["pad_token_id"].string_value == "0"
 
 
+def test_the_config_tells_clients_that_tokenize_to_pad_on_the_right(tmp_path):
+    config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
+    assert config.parameters["padding_side"].string_value == "right"
+
+
 def test_the_config_gives_the_length_a_client_cuts_a_text_at(tmp_path):
     config = read_config(write_repository(make_bundle(tmp_path), tmp_path / "repo"))
     assert config.parameters["max_length"].string_value == "16"

@@ -249,6 +249,11 @@ def test_model_config_gives_the_length_a_client_sending_token_ids_cuts_at(stub):
     assert int(config.parameters["max_length"].string_value) == MAX_LENGTH
 
 
+def test_model_config_tells_a_client_sending_token_ids_to_pad_on_the_right(stub):
+    config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL), timeout=10).config
+    assert config.parameters["padding_side"].string_value == "right"
+
+
 def test_model_config_of_an_unknown_model_is_not_found(stub):
     with pytest.raises(grpc.RpcError) as caught:
         stub.ModelConfig(kserve_pb2.ModelConfigRequest(name="bert"), timeout=10)
