@@ -6,7 +6,7 @@
 RECIPE   ?= recipes/sst2.yaml
 NPROC    ?= 1
 JOBS     ?= 2
-CORES     = $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN)
+CORES     = $(or $(shell $(PY) -c 'from edgedistill.common.machine import usable_cores; print(usable_cores())' 2>/dev/null),$(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN))
 TEST_WORKERS ?= $(shell echo $$(( $(CORES) + 1 )))
 # RUNS_DIR in the environment is EDGEDISTILL_RUNS_DIR's old name, which wins when both are set, as the stages read them;
 # RUNS_DIR given on make's command line wins over both.
@@ -33,8 +33,8 @@ MISSPELT := $(if $(GIVEN),$(shell $(PYTHON) -c 'import difflib, sys; known = sys
 $(if $(MISSPELT),$(error unknown variable $(MISSPELT) (every variable: docs/settings.md#make-variables)))
 
 # torchrun gives each rank OMP_NUM_THREADS=1 where it is unset, which would leave all but NPROC cores idle on the CPU:
-# each rank takes its share of the cores instead (at least one); an OMP_NUM_THREADS or EDGEDISTILL_TORCH_THREADS given
-# wins.
+# each rank takes its share of the cores instead, at least one (CORES counts them as the stages do: within a cgroup's
+# CPU quota, which nproc ignores; nproc before make setup); an OMP_NUM_THREADS or EDGEDISTILL_TORCH_THREADS given wins.
 ifeq ($(NPROC),1)
 LAUNCH := $(ED)
 else

@@ -13,12 +13,14 @@ folder it may (another user's file) is locked exclusively all the same, or refus
 import errno
 import fcntl
 import os
+import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import IO
 
+from edgedistill.common.processes import alive
 from edgedistill.common.settings import SettingError
 
 READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)  # a folder this process may read but not write
@@ -41,9 +43,7 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
         try:
             fcntl.flock(handle, kind | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            print(f"[{what}] waiting for {holder}, which holds it", flush=True)
+            print(f"[{what}] waiting for {_holder(handle)}, which holds it", flush=True)
             fcntl.flock(handle, kind)
         except OSError as err:  # EBADF: NFS locks a file exclusively only for a process that opened it to write
             if err.errno in CANNOT_LOCK:
@@ -60,10 +60,11 @@ def exclusive(path: Path, what: str) -> Iterator[None]:
                 "it (its folder is writable), or let this user write it",
                 str(path),
             ) from None
-        _name_holder(handle)
+        _write_name(handle, f"pid {os.getpid()} on {socket.gethostname()}")
         try:
             yield
         finally:
+            _write_name(handle, "")  # a name left behind would name a finished process to the next waiter
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
@@ -82,14 +83,28 @@ def _open(path: Path) -> IO[str] | nullcontext:
         return nullcontext()
 
 
-def _name_holder(handle: IO[str]) -> None:
-    """Write this process's name into the lock file, for a waiting one to say; not on a full device, where the
-    lock holds all the same (unbuffered: a failed write left in a buffer would fail again at close)."""
+def _holder(handle: IO[str]) -> str:
+    """The holder's name as it wrote it in the lock file (`pid N on HOST`), or "another process" where it wrote none
+    (a lock file it may only read) or that name is stale: a pid on this host that is this process or no live one."""
+    handle.seek(0)
+    named = re.fullmatch(r"pid (\d+) on (.+)", handle.read().strip())
+    if not named:
+        return "another process"
+    pid = int(named[1])
+    if named[2] == socket.gethostname() and (pid == os.getpid() or not alive(pid)):
+        return "another process"
+    return named[0]
+
+
+def _write_name(handle: IO[str], name: str) -> None:
+    """Put `name` (this holder's; "" at release) in the lock file, for a waiting process to say; not through a handle
+    that may only read, nor on a full device, where the lock holds all the same (unbuffered: a failed write left in a
+    buffer would fail again at close)."""
     if not handle.writable():
         return
     try:
         os.ftruncate(handle.fileno(), 0)
-        os.write(handle.fileno(), f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        os.write(handle.fileno(), name.encode())
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

@@ -913,8 +913,8 @@ def load_command_recipe(path: str | Path, overrides: dict[str, object], command:
         read = ", ".join(sections.reads(command))
         raise RecipeError(
             "; ".join(
-                f"--{key}: {label} reads no {sections.scope(key)} setting (it reads {read}), so the override would "
-                f"change nothing: drop it{_read_by(key)}"
+                f"--{key}: {label} reads no {sections.scope(key, command)} setting (it reads {read}), so the override "
+                f"would change nothing: drop it{_read_by(key)}"
                 for key in refused
             )
         )

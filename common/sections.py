@@ -2,12 +2,12 @@
 
 A command reads the sections its stages hash (`Stage.settings`), those its stages' parents hash (through their
 hashes: `distill --finetune.optim.lr=...` makes the teacher stale, and the command says so), and those it reads
-without hashing them (`runtime`: where it trains; `tracking`: where its stages log; `export.deploy`: the bundle a
-benchmark serves by default). Every command reads `name`, its run folder. `bench`, `export` and `loadtest` are
-shared: each benchmark reads its own subsection (`bench.serving`, `bench.peers`, ...) and of `export` the bundle it
-serves by default (`export.deploy`; `bench accuracy` the near-tie margin too, `bench cascade` the whole section), and a
-load test the settings every profile shares (`loadtest.timeout_s`, ...) and its own profile's (`loadtest --profile
-steady` reads `loadtest.steady`).
+without hashing them (`runtime`: where it trains, of which `bench models` reads the device alone, as it times the
+teacher in fp32; `tracking`: where its stages log; `export.deploy`: the bundle a benchmark serves by default). Every
+command reads `name`, its run folder. `bench`, `export` and `loadtest` are shared: each benchmark reads its own
+subsection (`bench.serving`, `bench.peers`, ...) and of `export` the bundle it serves by default (`export.deploy`;
+`bench accuracy` the near-tie margin too, `bench cascade` the whole section), and a load test the settings every
+profile shares (`loadtest.timeout_s`, ...) and its own profile's (`loadtest --profile steady` reads `loadtest.steady`).
 `common.recipe.load_command_recipe` refuses an override of any other section; `edgedistill all` gives each command it
 runs those of the sections it reads, and refuses one that none of them reads.
 """
@@ -37,7 +37,7 @@ READS: dict[str, tuple[str, ...]] = {  # command (as `edgedistill` names it) -> 
     "transfer": (*TRAINED, "runtime", "tracking"),  # checks the students before labelling
     "distill": (*TRAINED, "runtime", "tracking"),
     "bundles": (*TRAINED, "tracking"),
-    "bench models": (*TRAINED, "bench.models", "runtime", "tracking"),  # the teacher in PyTorch on runtime.device
+    "bench models": (*TRAINED, "bench.models", "runtime.device", "tracking"),  # the teacher in PyTorch, in fp32
     "bench serving": (*_BENCH, "bench.serving"),
     "bench accuracy": (*_BENCH, "export.tie_margin"),  # a near-tie's margin
     "bench cascade": ("data", "export", "tracking", "bench.serving"),  # the cascades, their members' bundles
@@ -79,10 +79,12 @@ def readers(key: str) -> list[str]:
     return found
 
 
-def scope(key: str) -> str:
-    """The section an override of dotted `key` sets: its first part, or its first two in a shared section."""
+def scope(key: str, command: str | None = None) -> str:
+    """The section an override of dotted `key` sets: its first part, or its first two in a shared section or in one
+    that `command` reads a part of (`bench models`: of `runtime`, the device)."""
     parts = key.split(".")
-    return ".".join(parts[:2] if parts[0] in SHARED else parts[:1])
+    partly = command is not None and any(section.startswith(f"{parts[0]}.") for section in reads(command))
+    return ".".join(parts[:2] if parts[0] in SHARED or partly else parts[:1])
 
 
 def outside(keys, command: str) -> list[str]:

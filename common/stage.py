@@ -15,7 +15,7 @@ import importlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -291,9 +291,14 @@ class Stage:
         key = hashlib.sha256(json.dumps([self.config_hash, parents], sort_keys=True).encode()).hexdigest()[:16]
         return Inputs(self.recipe, self.config_hash, self.work, force, manifests, self.parent_folders, key, self.folder)
 
-    def lock(self):
-        """The stage's lock (`common.locks`): one process at a time checks and builds it."""
-        return locks.exclusive(self.work.with_name(f"{self.name}.lock"), self.name)
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """The stage's lock (`common.locks`): one process at a time checks and builds it. Once it is held, what a
+        publish killed half-way left is put back, even where nothing is built now, and before any process (under
+        torchrun any rank, `distill.dist.run_stage`) decides whether to build."""
+        with locks.exclusive(self.work.with_name(f"{self.name}.lock"), self.name):
+            remove_orphans(self.folder, locked=True)
+            yield
 
     def run(self, force: bool = False) -> mf.Manifest | None:
         """Skip when current (unless `force`), else build and publish (saying why an existing artifact is built
@@ -315,7 +320,6 @@ class Stage:
         """`run` where the artifact is current: say so and return True, holding the stage's lock; False, building
         nothing, where it is not."""
         with self.lock():
-            remove_orphans(self.folder, locked=True)
             if self.staleness() is not None:
                 return False
             self._say_current()
@@ -323,9 +327,6 @@ class Stage:
 
     def run_locked(self, force: bool = False) -> mf.Manifest | None:
         """`run` for a caller that holds the stage's lock (or whose rank 0 does)."""
-        if main_rank():
-            # what a publish killed half-way left, even where nothing is built now
-            remove_orphans(self.folder, locked=True)
         stale = "--force" if force else self.staleness()
         if stale is None:
             if main_rank():  # every rank decides alike; one says so

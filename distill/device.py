@@ -107,8 +107,7 @@ def _machine() -> str:
 
 def for_process(cfg: RuntimeConfig) -> Placement:
     """The placement of this process, with its rank from `torchrun`'s environment."""
-    local_rank, world_size = dist.launched()
-    return resolve(cfg, local_rank, world_size)
+    return resolve(cfg, *dist.launched())
 
 
 def native_bf16() -> bool:
@@ -137,8 +136,9 @@ def for_labelling(cfg: RuntimeConfig) -> Placement:
     return placement
 
 
-def resolve(cfg: RuntimeConfig, local_rank: int = 0, world_size: int = 1) -> Placement:
-    """The placement of this process (rank `local_rank` of `world_size` on its node)."""
+def resolve(cfg: RuntimeConfig, local_rank: int = 0, local_world_size: int = 1, world_size: int = 1) -> Placement:
+    """The placement of this process (rank `local_rank` of the `local_world_size` on its node, of `world_size` in
+    all)."""
     kind, _, index = cfg.device.partition(":")
     if kind == "auto":
         kind = "cuda" if torch.cuda.is_available() else "cpu"
@@ -158,11 +158,16 @@ def resolve(cfg: RuntimeConfig, local_rank: int = 0, world_size: int = 1) -> Pla
             "CUDA build of torch."
         )
     count = torch.cuda.device_count()
-    if index and world_size > 1:
+    if index and local_world_size > 1:
         raise DeviceError(
             f"runtime.device={cfg.device}{settings.env_source('runtime.device', cfg.device)} names one GPU, but "
-            f"torchrun started {world_size} processes: use runtime.device=cuda (--runtime.device=cuda), and each rank "
-            "takes the GPU of its LOCAL_RANK"
+            f"torchrun started {local_world_size} processes on this node: use runtime.device=cuda "
+            "(--runtime.device=cuda), and each rank takes the GPU of its LOCAL_RANK"
+        )
+    if not index and local_rank >= count:
+        raise DeviceError(
+            f"torchrun started {local_world_size} processes on this node, one per GPU, but it has {_machine()}; "
+            f"lower --nproc_per_node (make NPROC=) to at most {count}"
         )
     gpu = int(index) if index else local_rank
     if gpu >= count:

@@ -34,9 +34,11 @@ def probe_file(folder: Path, token: str) -> Path:
     return Path(folder) / f"{SHARED_PROBE}-{token}"
 
 
-def launched() -> tuple[int, int]:
-    """(local rank, world size) as `torchrun` sets them; (0, 1) in a plain process."""
-    return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+def launched() -> tuple[int, int, int]:
+    """(local rank, processes on this node, world size) as `torchrun` sets them (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
+    `WORLD_SIZE`); (0, 1, 1) in a plain process."""
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), int(world_size)
 
 
 def init(device_type: str, timeout_s: int) -> None:
@@ -196,8 +198,9 @@ def wait_for_main() -> None:
 
 def run_stage(stage, force: bool = False):
     """Run a `common.stage.Stage` on every rank. Every rank decides whether to build it once rank 0 holds its
-    lock, so that all skip it or all build it even while another job holds the lock for hours; the others then wait
-    until rank 0 has published its artifact, so the next stage finds it."""
+    lock (and has put back what a publish killed half-way left), so that all skip it or all build it even while
+    another job holds the lock for hours; the others then wait until rank 0 has published its artifact, so the next
+    stage finds it."""
     stage.parents_built()
     with stage.lock() if is_main() else contextlib.nullcontext():
         wait_for_main()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common.machine import usable_cores
 from edgedistill.common.settings import MEASURED_SETTINGS
 from edgedistill.serve.settings import env_name
 
@@ -87,9 +88,16 @@ def _rank_threads(tmp_path, nproc: int, environ: dict) -> str:
 
 @pytest.mark.parametrize("nproc", [2, 64])
 def test_torchrun_ranks_take_their_share_of_the_cores(tmp_path, nproc):
-    share = max(1, len(os.sched_getaffinity(0)) // nproc)
+    share = max(1, usable_cores() // nproc)
     environ = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
     assert _rank_threads(tmp_path, nproc, environ) == f"OMP_NUM_THREADS={share}"
+
+
+def test_make_test_counts_the_cores_within_the_cgroup_cpu_quota(tmp_path):
+    quota_of_one = "from edgedistill.common import machine\nmachine.cpu_quota = lambda *args: 1\n"
+    (tmp_path / "sitecustomize.py").write_text(quota_of_one)  # what the project's Python sees in a 1-CPU container
+    result = make_with_environ("test", PYTHONPATH=str(tmp_path))
+    assert "pytest -q -n 2 --dist" in result.stdout, result.stderr
 
 
 def test_torchrun_ranks_keep_an_omp_num_threads_given(tmp_path):

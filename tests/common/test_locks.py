@@ -2,6 +2,7 @@
 
 import errno
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -58,6 +59,44 @@ def test_a_second_process_waits_for_the_holder_and_names_it(tmp_path, capsys):
     child = held_by_a_child(lock)
     assert waited_for(lock, child)
     assert f"[teacher] waiting for pid {child.pid} on" in capsys.readouterr().out
+
+
+def test_a_holder_that_lets_go_leaves_no_name_in_the_lock_file(tmp_path):
+    lock = tmp_path / "teacher.lock"
+    with locks.exclusive(lock, "teacher"):
+        pass
+    assert lock.read_text() == ""
+
+
+READ_ONLY_HOLD = textwrap.dedent(
+    """
+    import fcntl, sys
+    with open(sys.argv[1]) as handle:  # as another user's process holds this user's lock file: it writes no name
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        print("held", flush=True)
+        sys.stdin.readline()  # until the test lets go
+    """
+)
+
+
+def a_dead_pid() -> int:
+    """The pid of a process that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("stale", ["this process", "a dead process"])
+def test_a_stale_name_in_the_lock_file_is_not_said_to_hold_it(tmp_path, capsys, stale):
+    lock = tmp_path / "teacher.lock"
+    pid = os.getpid() if stale == "this process" else a_dead_pid()
+    lock.write_text(f"pid {pid} on {socket.gethostname()}")
+    child = subprocess.Popen(
+        [sys.executable, "-c", READ_ONLY_HOLD, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline() == "held\n"
+    waited_for(lock, child)
+    assert "[teacher] waiting for another process, which holds it" in capsys.readouterr().out
 
 
 def test_a_killed_holder_leaves_no_lock_behind(tmp_path):

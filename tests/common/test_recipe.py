@@ -1827,6 +1827,16 @@ def test_an_override_of_a_benchmark_section_is_refused_by_the_teacher():
     assert "edgedistill teacher reads no bench.serving setting" in refusal({"bench.serving.threads": 4}, "teacher")
 
 
+def test_a_precision_override_is_refused_by_the_model_benchmark_which_times_in_fp32():
+    refused = refusal({"runtime.precision": "fp16"}, "bench models")
+    assert refused.startswith("--runtime.precision: edgedistill bench models reads no runtime.precision setting")
+
+
+def test_a_device_override_is_taken_by_the_model_benchmark():
+    recipe = load_command_recipe(SMOKE, {"runtime.device": "cpu"}, "bench models", "edgedistill bench models")
+    assert recipe.runtime.device == "cpu"
+
+
 def test_every_override_a_command_does_not_read_is_named():
     assert "--tracking: " in refusal({"runtime.device": "cuda", "tracking": "mlflow"}, "headline")
 
@@ -1875,7 +1885,11 @@ def test_the_report_and_the_headline_show_no_override_example(command):
 
 
 def test_an_override_of_a_section_no_command_shares_names_no_command_that_reads_it():
-    assert refusal({"runtime.device": "cuda"}).endswith("change nothing: drop it")
+    assert refusal({"finetune.optim.lr": 1e-4}).endswith("change nothing: drop it")
+
+
+def test_a_device_override_refused_by_a_benchmark_of_a_bundle_names_the_model_benchmark():
+    assert refusal({"runtime.device": "cuda"}).endswith("drop it, or give it to edgedistill bench models")
 
 
 def test_an_override_of_a_load_tests_own_profile_is_taken():

@@ -23,6 +23,14 @@ def test_an_override_in_another_section_sets_that_section():
     assert sections.scope("runtime.device") == "runtime"
 
 
+def test_an_override_in_a_section_a_command_reads_a_part_of_sets_that_part_for_it():
+    assert sections.scope("runtime.precision", "bench models") == "runtime.precision"
+
+
+def test_the_model_benchmark_reads_no_runtime_precision():
+    assert sections.outside(["runtime.precision"], "bench models") == ["runtime.precision"]
+
+
 def test_a_benchmark_does_not_read_another_benchmarks_subsection():
     assert sections.outside(["bench.peers.workers"], "bench serving") == ["bench.peers.workers"]
 

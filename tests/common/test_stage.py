@@ -106,6 +106,14 @@ def test_a_stage_killed_between_the_renames_of_its_publish_gets_its_artifact_bac
     assert "[up] up to date" in capsys.readouterr().out
 
 
+def test_a_stage_killed_between_the_renames_of_its_publish_is_current_once_its_lock_is_held(recipe):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    stage.folder.rename(atomic.temporary_name(stage.folder, "old", pid=os.getppid()))
+    with stage.lock():  # what every rank under torchrun decides in, once rank 0 holds the lock
+        assert stage.staleness() is None
+
+
 def test_a_stage_removes_the_temporary_an_earlier_process_of_its_pid_left(recipe):
     stage = Stage("up", recipe(), ("data",), writer("a.txt"))
     stage.run()

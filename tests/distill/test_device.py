@@ -183,14 +183,42 @@ def test_bf16_on_a_gpu_without_bf16_kernels_is_refused_naming_its_capability(pre
 
 def test_device_count_is_the_gpus_the_run_uses_one_per_process(pre_ampere_gpu, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    assert resolve(RuntimeConfig(), local_rank=1, world_size=2).count == 2
+    assert resolve(RuntimeConfig(), local_rank=1, local_world_size=2, world_size=2).count == 2
 
 
 def test_one_gpu_under_torchrun_from_the_environment_names_the_variable(pre_ampere_gpu, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("EDGEDISTILL_DEVICE", "cuda:1")
     with pytest.raises(DeviceError, match=r"runtime.device=cuda:1 \(from EDGEDISTILL_DEVICE=cuda:1\) names one GPU"):
-        resolve(RuntimeConfig(device="cuda:1"), local_rank=0, world_size=2)
+        resolve(RuntimeConfig(device="cuda:1"), local_rank=0, local_world_size=2, world_size=2)
+
+
+def test_more_ranks_on_a_node_than_its_gpus_names_nproc_per_node(pre_ampere_gpu):
+    with pytest.raises(DeviceError, match=r"lower --nproc_per_node \(make NPROC=\) to at most 1$"):
+        resolve(RuntimeConfig(device="cuda"), local_rank=1, local_world_size=2, world_size=2)
+
+
+def test_more_ranks_on_a_node_than_its_gpus_blames_no_setting(pre_ampere_gpu):
+    with pytest.raises(DeviceError) as refused:
+        resolve(RuntimeConfig(device="cuda"), local_rank=1, local_world_size=2, world_size=2)
+    assert "runtime.device" not in str(refused.value)
+
+
+@pytest.fixture
+def node_of_two_one_process_each(pre_ampere_gpu, monkeypatch):
+    """The second node of a torchrun over two nodes with one process each, as torchrun sets its environment, on a
+    node with two GPUs."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_one_gpu_named_on_each_node_of_one_process_is_taken(node_of_two_one_process_each):
+    assert for_process(RuntimeConfig(device="cuda:1")).device == torch.device("cuda", 1)
+
+
+def test_device_count_across_nodes_is_the_processes_of_the_whole_run(node_of_two_one_process_each):
+    assert for_process(RuntimeConfig(device="cuda:1")).count == 2
 
 
 @gpu

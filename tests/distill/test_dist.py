@@ -12,6 +12,8 @@ import pytest
 import torch.distributed as torch_dist
 from edgedistill.bench.ports import free_port
 from edgedistill.common import manifest as mf
+from edgedistill.common import stage as stage_module
+from edgedistill.common.atomic import temporary_name
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.stage import Artifact, Built, Stage
 from edgedistill.distill import dist
@@ -145,6 +147,30 @@ def test_ranks_that_find_their_stage_built_by_another_job_skip_it_together(tmp_p
     on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
     assert on_two_ranks(tmp_path / "second", _run_stage, str(recipe), str(runs)) == {0: True, 1: True}
     assert (runs / "builds").read_text() == "built\n"
+
+
+def _found_current_restoring_slowly(recipe_path: str, runs: str) -> bool:
+    """Whether `dist.run_stage` of a small stage found it current on this rank (the others' build returns None),
+    where rank 0 takes a second to put back what a killed publish left (a slow file system)."""
+    if torch_dist.get_rank() == 0:
+        restore = stage_module.remove_orphans
+        stage_module.remove_orphans = lambda *args, **kwargs: time.sleep(1) or restore(*args, **kwargs)
+    os.environ["EDGEDISTILL_RUNS_DIR"] = runs
+    return dist.run_stage(Stage("up", load_recipe(recipe_path), ("data",), _build_on_rank_0)) is not None
+
+
+def test_ranks_skip_together_a_stage_a_killed_publish_left_aside(tmp_path, monkeypatch):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    runs = tmp_path / "runs"
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
+    folder = Stage("up", load_recipe(recipe), ("data",), _build_on_rank_0).folder
+    folder.rename(temporary_name(folder, "old", pid=os.getppid()))  # killed between the two renames of a publish
+    found = on_two_ranks(tmp_path / "second", _found_current_restoring_slowly, str(recipe), str(runs), torchrun=True)
+    assert found == {0: True, 1: True}
 
 
 def test_a_stage_whose_parent_is_missing_leaves_no_lock_file(tmp_path, monkeypatch):

@@ -768,9 +768,9 @@ def test_a_command_taking_a_recipe_names_the_sections_it_reads(capsys, argv):
 
 def unread_override(command: str) -> str:
     """An override of a section `command` does not read."""
-    from edgedistill.common.sections import reads
+    from edgedistill.common.sections import outside
 
-    return "--bench.peers.workers=1" if "runtime" in reads(command) else "--runtime.device=cpu"
+    return "--runtime.device=cpu" if outside(["runtime.device"], command) else "--bench.peers.workers=1"
 
 
 @pytest.mark.parametrize("argv", TAKING_A_RECIPE, ids=" ".join)
