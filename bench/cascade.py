@@ -33,7 +33,7 @@ from edgedistill.bench.stats import pooled, summarize
 from edgedistill.bench.tables import record_line, spread_cell
 from edgedistill.bench.texts import load_texts
 from edgedistill.common import manifest as mf
-from edgedistill.common import progress
+from edgedistill.common import measured, progress
 from edgedistill.common.cascade import Cascade, keeps, load_cascade
 from edgedistill.common.console import Console
 from edgedistill.common.names import not_among
@@ -76,7 +76,7 @@ def stage(recipe: Recipe, name: str, console: Console | None = None) -> Stage:
     folder = run_dir(recipe) / f"bundle-{name}"
     last = run_dir(recipe) / f"bundle-{recipe.export.cascades[name].members[-1]}"
     return Stage(
-        f"serve-cascade-{name}",
+        measured.folder_name(measured.CASCADE, name),
         recipe,
         ("bench.serving", "data"),
         functools.partial(_build, console=console or Console(width=200)),
@@ -167,7 +167,7 @@ async def _measure(recipe: Recipe, folders: dict[str, Path], work: Path, answers
             calls[model] = await drivers.classify_call(stack, settings.port, call_metadata(settings))
             await drivers.saturate(calls[model], singles, cfg.concurrency, WARMUP_S)
         calls["cascade"] = counting(calls["cascade"], answers)
-        rounds = progress.bar(cfg.repeats * len(folders) * len(PHASES), desc="serve-cascade", unit="phase")
+        rounds = progress.bar(cfg.repeats * len(folders) * len(PHASES), desc=measured.CASCADE, unit="phase")
         for repeat in range(1, cfg.repeats + 1):
             for model in drivers.rotated(list(folders), repeat - 1):
                 loads = {

@@ -16,6 +16,7 @@ SERVING = "serve-bench"  # `bench serving`
 ACCURACY = "serve-accuracy"  # `bench accuracy`
 PEERS = "serve-peers"  # `bench peers`
 SCALING = "serve-scaling"  # `bench scaling`
+CASCADE = "serve-cascade"  # `bench cascade`: one folder per cascade, by its name
 BUNDLE = "bundle"  # the parent a measurement records the bundle it measured as
 
 
@@ -25,8 +26,8 @@ def bundle_id(bundle_folder: Path) -> str:
 
 
 def folder_name(measurement: str, bundle: str) -> str:
-    """`<measurement>-<bundle>`: the result folder of `measurement` (SERVING, ..., or `loadtest(profile)`) on the
-    bundle whose id is `bundle`."""
+    """`<measurement>-<bundle>`: the result folder of `measurement` (SERVING, ..., CASCADE, or `loadtest(profile)`) on
+    the bundle (or cascade) whose id is `bundle`."""
     return f"{measurement}-{bundle}"
 
 

@@ -79,7 +79,7 @@ def planned(recipe: Recipe) -> dict[str, Target]:
             folders[deployed(recipe, measured.SERVING)] = MEASURE_AGAIN[measured.SERVING]
         folders[deployed(recipe, measured.ACCURACY)] = MEASURE_AGAIN[measured.ACCURACY]
         if (cascade := recipe.export.default_cascade) is not None:
-            folders[f"serve-cascade-{cascade}"] = Target("serve-cascade")
+            folders[measured.folder_name(measured.CASCADE, cascade)] = Target("serve-cascade")
         folders[deployed(recipe, measured.loadtest("smoke"))] = MEASURE_AGAIN[measured.loadtest("smoke")]
     return folders
 
@@ -198,7 +198,7 @@ def stale(recipe: Recipe, root: Path) -> dict[str, Stale]:
         if (folder / MANIFEST).is_file():
             found |= _measurement(found, folder, measured.stale(folder, bundle), bundle.name, target)
     for name in recipe.export.cascades:
-        folder = root / f"serve-cascade-{name}"
+        folder = root / measured.folder_name(measured.CASCADE, name)
         if (folder / MANIFEST).is_file():
             why = mf.built_from_others(folder)
             found |= _measurement(found, folder, why, f"bundle-{name}", Target("serve-cascade", name))
@@ -245,10 +245,11 @@ def not_buildable_here(recipe: Recipe, name: str) -> str | None:
     except ImportError:
         return None
     export = recipe.export
+    measured_cascades = {measured.folder_name(measured.CASCADE, cascade): cascade for cascade in export.cascades}
     if name.startswith("bundle-"):
         model = name.removeprefix("bundle-")
-    elif name.startswith("serve-cascade-"):
-        model = name.removeprefix("serve-cascade-")
+    elif name in measured_cascades:
+        model = measured_cascades[name]
     elif name.startswith(("serve-", "loadtest-")):  # a planned measurement is of the deployed bundle
         model = export.deploy
     else:
@@ -263,7 +264,9 @@ def not_buildable_here(recipe: Recipe, name: str) -> str | None:
 def missing(recipe: Recipe, finished: set[str]) -> dict[str, Target]:
     """The planned folders not among `finished` (not run yet, failed, or not buildable where the run was made). Any of
     the recipe's cascades measured stands for the default one, since `make all CASCADE=x` measures `x`."""
-    cascades = {f"serve-cascade-{c}" for c in recipe.export.cascades} if recipe.export is not None else set()
+    cascades = set()
+    if recipe.export is not None:
+        cascades = {measured.folder_name(measured.CASCADE, cascade) for cascade in recipe.export.cascades}
     if cascades & finished:
         finished = finished | cascades
     return {name: target for name, target in planned(recipe).items() if name not in finished}

@@ -391,7 +391,8 @@ def _served(recipe: Recipe) -> dict[str, tuple[str, str]]:
     if recipe.export is not None:
         for measurement, (title, written) in PER_BUNDLE.items():
             served[plan.deployed(recipe, measurement)] = (f"{title} of {_deployed(recipe)}", written)
-        served |= {f"serve-cascade-{name}": ("Cascade served", "cascade.md") for name in recipe.export.cascades}
+        cascades = recipe.export.cascades
+        served |= {measured.folder_name(measured.CASCADE, name): ("Cascade served", "cascade.md") for name in cascades}
     return served
 
 

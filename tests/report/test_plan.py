@@ -3,6 +3,7 @@
 import shlex
 
 import pytest
+from edgedistill.bench import cascade
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.stage import Stage
@@ -125,3 +126,8 @@ def test_a_student_whose_only_edit_is_its_gradient_accumulation_is_not_stale(tmp
 
 def test_a_baseline_whose_only_edit_is_the_students_losses_it_never_reads_is_not_stale(tmp_path, monkeypatch):
     assert distilled(tmp_path, monkeypatch, "losses.ce", 0.5, baseline=True) == {}
+
+
+def test_the_cascade_benchmark_is_planned_in_the_folder_it_measures_into():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    assert cascade.stage(recipe, recipe.export.default_cascade).name in plan.planned(recipe)
