@@ -3,7 +3,9 @@ predictions and figure.
 
 `python -m bench accuracy RECIPE [--bundle DIR] [--check]` runs the bundle (or cascade) in this process on every dev
 example (with its pair, for a pair task; cut to `dev_limit`), through the server's own tokenizer and model runtime
-(`common.runtime`, as the export stage opened it) without gRPC or the batcher: the bundle's own predictions. It then
+(`common.runtime`, as the export stage opened it) without gRPC or the batcher: the bundle's own predictions (a bundle
+whose labels are not the recipe's `data.label_names`, in their order, is refused first: the gold label ids are the
+recipe's, the served answers the bundle's). It then
 starts the server on the bundle (`python -m serve` on loopback, supervised as in the serving benchmark), sends the
 same examples through `Classify` and through KServe `ModelInfer` (BYTES `text` and `text_pair`) in calls of the
 server's `MAX_TEXTS` (a dev example that the bundle, or a member, reads as nothing refused before anything runs:
@@ -42,7 +44,7 @@ from edgedistill.bench.texts import check_kind, dev_split, texts_info
 from edgedistill.common import manifest as mf
 from edgedistill.common import measured, progress, tables
 from edgedistill.common.bundle import load_bundle
-from edgedistill.common.cascade import describe, is_cascade, load_cascade, load_served, route
+from edgedistill.common.cascade import Served, describe, is_cascade, load_cascade, load_served, route
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.console import Console
 from edgedistill.common.data import Examples
@@ -279,8 +281,19 @@ def tie_margin(recipe: Recipe) -> float:
     return recipe.export.tie_margin
 
 
+def check_labels(bundle: Served, label_names: list[str]) -> None:
+    """`BenchError` unless the bundle (or cascade) answers with the recipe's `label_names`, in their order: the gold
+    label ids are read by the recipe's, the served answers by the bundle's."""
+    if bundle.labels != label_names:
+        raise BenchError(
+            f"{bundle.folder} answers with the labels {bundle.labels}, and the recipe's data.label_names are "
+            f"{label_names}: measure it with the recipe (and data.label_names) it was built with"
+        )
+
+
 def _build(inputs: Inputs, console: Console) -> Built:
     bundle = load_served(inputs.parent(measured.BUNDLE))
+    check_labels(bundle, inputs.recipe.data.label_names)
     expected = bundle.manifest.metrics.get("dev_accuracy")
     if expected is None:
         raise BenchError(f"{bundle.folder}: the manifest has no dev_accuracy to compare with (rebuild the bundle)")

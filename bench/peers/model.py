@@ -50,10 +50,16 @@ class BundleClassifier:
         return list(self.spec.labels)
 
     def logits(self, texts: list[str], pairs: list[str] | None = None) -> np.ndarray:
-        """float32 logits, one row per text; `InvalidInput` when pairs are missing for a pair model or unexpected."""
+        """float32 logits, one row per text, in calls of at most the backend's largest batch (as the server splits
+        them); `InvalidInput` when pairs are missing for a pair model or unexpected."""
         if bool(pairs) != self.spec.pairs:
             raise InvalidInput("this model reads text pairs" if self.spec.pairs else "this model reads single texts")
         rows = self.encoder.encode(texts, pairs or None)
+        size = self.backend.max_batch_size or len(rows)
+        return np.concatenate([self._infer(rows[start : start + size]) for start in range(0, len(rows), size)])
+
+    def _infer(self, rows: list[dict[str, np.ndarray]]) -> np.ndarray:
+        """float32 logits of encoded `rows`, padded into one call."""
         batch = pad_rows(rows, self.encoder.pad_values)
         return self.backend.infer(batch)[self.output].astype(np.float32, copy=False)
 

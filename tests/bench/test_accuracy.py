@@ -341,6 +341,30 @@ def test_a_bundle_without_dev_accuracy_exits_2(tmp_path, single_dev, capsys):
     assert "no dev_accuracy" in capsys.readouterr().err
 
 
+def measured_cascade(folder: Path, members: dict[str, Path], dev_accuracy: float) -> Path:
+    """A cascade of `members` (the first's threshold 0.9) whose manifest gives `dev_accuracy`, as the export stage
+    records it."""
+    cascade = write_cascade(folder, members, thresholds=[0.9])
+    manifest = json.loads((cascade / mf.MANIFEST).read_text())
+    manifest["metrics"]["dev_accuracy"] = dev_accuracy
+    (cascade / mf.MANIFEST).write_text(json.dumps(manifest))
+    return cascade
+
+
+def test_a_bundle_whose_labels_are_not_the_recipes_is_refused_naming_both(tmp_path, single_dev, capsys):
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 0.875}, labels=["positive", "negative"])
+    assert bench_accuracy(bundle, single_dev, tmp_path / "runs") == 2
+    said = "answers with the labels ['positive', 'negative'], and the recipe's data.label_names are ['negative', 'positive']"
+    assert said in capsys.readouterr().err
+
+
+def test_a_label_names_override_unlike_the_cascades_labels_is_refused(tmp_path, single_dev, capsys):
+    tiny, sure = write_bundle(tmp_path / "bundle-tiny"), write_bundle(tmp_path / "bundle-sure", bias=10.0)
+    cascade = measured_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, dev_accuracy=0.875)
+    assert bench_accuracy(cascade, single_dev, tmp_path / "runs", "--data.label_names=[positive,negative]") == 2
+    assert "the recipe's data.label_names are ['positive', 'negative']" in capsys.readouterr().err
+
+
 def dynamic_int8_bundle(folder):
     """The tiny bundle with its weights INT8 and its activations quantized per batch, as the export stage writes it."""
     fp32 = folder.parent / "fp32.onnx"
@@ -424,9 +448,6 @@ def test_a_dev_example_a_cascades_member_reads_as_nothing_is_refused_naming_the_
     dev.write_text("sentence\tlabel\ngreat fun\t1\n<br />\t0\n")
     tiny = write_bundle(tmp_path / "bundle-tiny")
     sure = write_bundle(tmp_path / "bundle-sure", bias=10.0, text_style="ptb_lower")
-    cascade = write_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, thresholds=[0.9])
-    manifest = json.loads((cascade / mf.MANIFEST).read_text())
-    manifest["metrics"]["dev_accuracy"] = 0.5  # as the export stage records it
-    (cascade / mf.MANIFEST).write_text(json.dumps(manifest))
+    cascade = measured_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, dev_accuracy=0.5)
     bench_accuracy(cascade, dev, tmp_path / "runs")
     assert "holds nothing the tokenizer of sure keeps" in capsys.readouterr().err

@@ -48,6 +48,37 @@ def test_labels_are_the_bundles(bundle):
     assert BundleClassifier(bundle).labels == ["negative", "positive"]
 
 
+class Capped:
+    """The real runner `runner`, refusing calls of more than `cap` rows as a TensorRT profile or engine does."""
+
+    def __init__(self, runner, cap: int):
+        self.runner, self.max_batch_size, self.calls = runner, cap, []
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = len(next(iter(inputs.values())))
+        if rows > self.max_batch_size:
+            raise RuntimeError(f"{rows} rows, over the profile's {self.max_batch_size}")
+        self.calls.append(rows)
+        return self.runner.infer(inputs)
+
+
+def capped(bundle, cap: int) -> tuple[BundleClassifier, Capped]:
+    classifier = BundleClassifier(bundle)
+    classifier.backend = Capped(classifier.backend, cap)
+    return classifier, classifier.backend
+
+
+def test_more_texts_than_the_backend_takes_are_run_in_calls_of_its_largest_batch(bundle):
+    classifier, runner = capped(bundle, 2)
+    classifier.logits(TEXTS * 2)
+    assert runner.calls == [2, 2, 2]
+
+
+def test_logits_run_in_calls_of_the_backends_largest_batch_equal_one_calls(bundle):
+    classifier, _ = capped(bundle, 2)
+    np.testing.assert_allclose(classifier.logits(TEXTS), BundleClassifier(bundle).logits(TEXTS), atol=1e-5)
+
+
 def test_pairs_for_a_single_text_model_are_invalid(bundle):
     with pytest.raises(InvalidInput, match="single texts"):
         BundleClassifier(bundle).logits(TEXTS, TEXTS)
