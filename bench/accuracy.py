@@ -21,7 +21,9 @@ The counts of correct predictions are checked as a chain, exact but at near-ties
 `dev_accuracy` in the bundle's manifest, which the export stage measured on the same examples tokenized by the
 training tokenizer in batches padded otherwise (a dynamic INT8 model quantizes each batch's activations on their own
 range, so a near-tie may go either way there), give or take the near-ties that another padding may answer otherwise;
-each API's against the bundle's own, give or take its tie flips. The result is the artifact
+each API's against the bundle's own, give or take its tie flips. The manifest records those examples
+(`common.data.DEV_EXAMPLES`): a dev split of others is refused before anything runs; a bundle built before bundles
+recorded them is checked as if measured on these, its result saying so. The result is the artifact
 `runs/<recipe>/serve-accuracy-<bundle>/`, one per bundle folder (`common.measured`): accuracy.json (an
 `AccuracyResult`), accuracy.md, server.log and the manifest.
 """
@@ -47,7 +49,7 @@ from edgedistill.common.bundle import load_bundle
 from edgedistill.common.cascade import Served, describe, is_cascade, load_cascade, load_served, route
 from edgedistill.common.config.export import ExportConfig
 from edgedistill.common.console import Console
-from edgedistill.common.data import Examples
+from edgedistill.common.data import DEV_EXAMPLES, Examples
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.scores import top_two_gap, within_reach
 from edgedistill.common.stage import Artifact, Built, Inputs, Stage
@@ -116,6 +118,11 @@ class AccuracyResult(Result):
     )
     apis: dict[str, ApiAccuracy]
     agreement: float = Field(description="share of the examples for which both APIs predicted the same label")
+    examples_checked: bool = Field(
+        False,
+        description="the bundle's manifest records the dev examples its dev_accuracy was measured on, and they are "
+        "these; false for a bundle built before bundles recorded them",
+    )
     passed: bool
 
 
@@ -291,6 +298,21 @@ def check_labels(bundle: Served, label_names: list[str]) -> None:
         )
 
 
+def check_examples(bundle: Served, examples: Examples) -> bool:
+    """Whether the bundle's (or cascade's) manifest records the dev examples its dev_accuracy was measured on;
+    `BenchError` where they are not `examples`."""
+    recorded = bundle.manifest.info.get(DEV_EXAMPLES)
+    if recorded is None:
+        return False
+    if recorded != (read := examples.digest()):
+        raise BenchError(
+            f"{bundle.folder}: its dev_accuracy was measured on {recorded['count']} dev examples (sha256 "
+            f"{recorded['sha256'][:12]}), and the recipe's dev split ({examples.source}) holds {read['count']} others "
+            f"(sha256 {read['sha256'][:12]}): measure it with the data.dev and data.dev_limit it was built with"
+        )
+    return True
+
+
 def _build(inputs: Inputs, console: Console) -> Built:
     bundle = load_served(inputs.parent(measured.BUNDLE))
     check_labels(bundle, inputs.recipe.data.label_names)
@@ -299,6 +321,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         raise BenchError(f"{bundle.folder}: the manifest has no dev_accuracy to compare with (rebuild the bundle)")
     examples = dev_split(inputs.recipe.data)
     check_kind(examples, bundle.pairs)
+    checked = check_examples(bundle, examples)
     check_readable([load_bundle(folder) for folder in _bundles(bundle.folder)], examples)
     flags, settings = measured_server(bundle.folder, threads=0)
     members = member_logits(bundle.folder, examples, settings.max_texts)
@@ -331,6 +354,7 @@ def _build(inputs: Inputs, console: Console) -> Built:
         grouping_margin=grouping,
         apis=apis,
         agreement=sum(a == b for a, b in zip(predicted["classify"], predicted["kserve"], strict=True)) / count,
+        examples_checked=checked,
         passed=own.matches_bundle and all(f.same_predictions and f.matches_own for f in apis.values()),
     )
     result.save(work, markdown(result))
@@ -423,4 +447,9 @@ def markdown(result: AccuracyResult) -> str:
         f"runtime, without gRPC or the batcher. A near-tie ({margin_text(result)}) is one that another padding "
         f"may answer otherwise; {result.own.near_ties} of the {result.texts['count']} examples."
     ]
+    if not result.examples_checked:
+        lines += [
+            "The bundle's manifest records no dev examples (it was built before bundles recorded them), so that its "
+            f"dev_accuracy was measured on these {result.texts['count']} could not be checked."
+        ]
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ data), gzip-compressed if its name ends in `.gz`, or `hub:<dataset>[@<config>]:<
 import csv
 import difflib
 import gzip
+import hashlib
 import itertools
 import json
 import re
@@ -25,6 +26,8 @@ from edgedistill.common.textstyle import Style, as_served
 
 GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)  # not gzip data, cut short, or corrupt
 SIGNED = re.compile(r"[+-]?[0-9]+")  # a label name that reads as a number
+# the key of a manifest's `info` that holds the `Examples.digest` of the dev examples its dev figures were measured on
+DEV_EXAMPLES = "dev_examples"
 FIELD_SIZE_LIMIT = 2**31 - 1  # characters in a CSV/TSV field: the csv module's C long, on every platform
 # the second text's columns beside a first of these names: GLUE's and SuperGLUE's pair tasks, and the names of a
 # Hugging Face tokenizer's arguments (`text`, `text_pair`), which datasets saved for one often keep
@@ -59,6 +62,12 @@ class Examples:
             return None if values is None else [values[i] for i in indices]
 
         return replace(self, texts=pick(self.texts), pairs=pick(self.pairs), labels=pick(self.labels))
+
+    def digest(self) -> dict[str, int | str]:
+        """How many examples, and the sha256 of their texts, pairs and label ids in order: enough to tell whether two
+        reads of a split hold the same examples."""
+        content = json.dumps([self.texts, self.pairs, self.labels]).encode()
+        return {"count": len(self), "sha256": hashlib.sha256(content).hexdigest()}
 
     def as_served(self, style: Style) -> "Examples":
         """The examples with their texts and pairs as a bundle of `style` serves them (`textstyle.as_served`)."""

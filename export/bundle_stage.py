@@ -30,7 +30,7 @@ from edgedistill.common.bundle import (
     transformers_config,
 )
 from edgedistill.common.config.export import AGREEMENT_KEYS, ENGINE_OPT_SEQUENCE, BundleRecipe
-from edgedistill.common.data import load_splits
+from edgedistill.common.data import DEV_EXAMPLES, load_splits
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import (
     Shapes,
@@ -343,6 +343,7 @@ def build_stage(inputs: Inputs, bundle_id: str, cache: SourceCache) -> Built:
             "smoothed_tensors": smoothed,
             "quantization": quantized,
             "tensorrt_build": build_info,
+            DEV_EXAMPLES: cache.dev.digest(),
         },
         line=lambda manifest: (
             f"gate passed: dev_accuracy={figures['dev_accuracy']:.4f}{selected_note} "

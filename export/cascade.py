@@ -20,7 +20,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import read_bundle, text_inputs
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
 from edgedistill.common.config.export import CascadeRecipe
-from edgedistill.common.data import load_splits, load_test, unlabelled_lines
+from edgedistill.common.data import DEV_EXAMPLES, load_splits, load_test, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import GPU_HINT, ProviderFallback, cascade_missing_here, open_bundle
 from edgedistill.common.stage import Built, Inputs
@@ -186,7 +186,8 @@ def build_stage(inputs: Inputs, name: str) -> Built:
             f"past the transfer set's {recipe.transfer.unlabelled_max_lines} lines, and chooses the thresholds on "
             f"those {len(texts)}: add unlabelled text, or lower transfer.unlabelled_max_lines or calibration_sentences"
         )
-    dev = load_splits(recipe.data)[1].as_served(recipe.text_style)
+    split = load_splits(recipe.data)[1]
+    dev = split.as_served(recipe.text_style)
     with contextlib.ExitStack() as members:  # each opened one closed, also where a later one fails to open or run
         opened = [members.enter_context(Member(folder)) for folder in folders]
         calibration = [member.logits(tokenizer, texts, pairs) for member in opened]
@@ -241,6 +242,7 @@ def build_stage(inputs: Inputs, name: str) -> Built:
             "member_dev_accuracy": member_accuracy,
             "curve": curve,
             "recipe": cfg.model_dump(),
+            DEV_EXAMPLES: split.digest(),
         },
         line=f"dev_accuracy={figures['dev_accuracy']:.4f} (members {members_line(member_accuracy)}) escalated "
         f"{escalated:.1%} of dev (expected {1 - first_kept:.1%}), threshold {spec.members[0].threshold:.4f} "

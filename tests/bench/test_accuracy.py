@@ -16,7 +16,8 @@ from edgedistill.bench.__main__ import main
 from edgedistill.bench.accuracy import AccuracyResult
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.common import manifest as mf
-from edgedistill.common.data import Examples
+from edgedistill.common.config.training import DataConfig
+from edgedistill.common.data import DEV_EXAMPLES, Examples, load_labelled
 from edgedistill.export.quantize import int8_dynamic
 
 from tests.serve.conftest import ROOT, pair_spec, tiny_model, write_bundle, write_cascade
@@ -363,6 +364,38 @@ def test_a_label_names_override_unlike_the_cascades_labels_is_refused(tmp_path, 
     cascade = measured_cascade(tmp_path / "bundle-cascade", {"tiny": tiny, "sure": sure}, dev_accuracy=0.875)
     assert bench_accuracy(cascade, single_dev, tmp_path / "runs", "--data.label_names=[positive,negative]") == 2
     assert "the recipe's data.label_names are ['positive', 'negative']" in capsys.readouterr().err
+
+
+def dev_examples(dev: Path, limit: int | None = None) -> dict:
+    """`info.dev_examples` of a bundle whose export stage read `dev` (its first `limit` examples) as the smoke recipe
+    reads it."""
+    data = DataConfig(train="unused", dev="unused", label_names=["negative", "positive"])
+    return {DEV_EXAMPLES: load_labelled(str(dev), data, limit).digest()}
+
+
+def test_a_bundle_measured_on_other_dev_examples_is_refused_naming_both(tmp_path, single_dev, capsys):
+    measured_on = dev_examples(single_dev, limit=4)
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0}, info=measured_on)
+    assert bench_accuracy(bundle, single_dev, tmp_path / "runs") == 2
+    said = capsys.readouterr().err
+    assert f"measured on 4 dev examples (sha256 {measured_on[DEV_EXAMPLES]['sha256'][:12]})" in said
+    assert f"the recipe's dev split ({single_dev}) holds 8 others" in said
+
+
+def test_a_bundle_measured_on_these_dev_examples_records_them_checked(tmp_path, single_dev):
+    info = dev_examples(single_dev)
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 0.875}, info=info)
+    assert bench_accuracy(bundle, single_dev, tmp_path / "runs", "--check") == 0
+    assert AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny").examples_checked
+
+
+def test_a_bundle_that_records_no_dev_examples_is_recorded_unchecked(served_run):
+    assert not AccuracyResult.load(served_run[1]).examples_checked
+
+
+def test_the_markdown_says_the_dev_examples_of_a_bundle_that_records_none_could_not_be_checked(served_run):
+    report = (served_run[1] / "accuracy.md").read_text()
+    assert "that its dev_accuracy was measured on these 8 could not be checked" in report
 
 
 def dynamic_int8_bundle(folder):

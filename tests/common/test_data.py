@@ -50,6 +50,31 @@ def test_sentence_pairs_and_custom_columns(tmp_path):
     assert data.labels == [1]
 
 
+SPLIT = Examples(["great fun", "dull"], None, [1, 0], "dev.tsv")
+
+
+def test_a_digest_counts_the_examples():
+    assert SPLIT.digest()["count"] == 2
+
+
+def test_the_same_examples_read_from_elsewhere_have_the_same_digest():
+    assert Examples(["great fun", "dull"], None, [1, 0], "copy.tsv").digest() == SPLIT.digest()
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        Examples(["great fun", "dull!"], None, [1, 0], "dev.tsv"),
+        Examples(["great fun", "dull"], None, [1, 1], "dev.tsv"),
+        Examples(["great fun", "dull"], ["a", "b"], [1, 0], "dev.tsv"),
+        Examples(["dull", "great fun"], None, [0, 1], "dev.tsv"),
+    ],
+    ids=["text", "label", "pairs", "order"],
+)
+def test_examples_unlike_in_a_text_label_pair_or_order_have_another_digest(other):
+    assert other.digest()["sha256"] != SPLIT.digest()["sha256"]
+
+
 def test_symmetric_pairs_train_on_each_pair_both_ways(tmp_path):
     (tmp_path / "p.tsv").write_text("a\tb\tlabel\nfirst\tsecond\t1\nthird\tfourth\t0\n")
     path = str(tmp_path / "p.tsv")

@@ -9,7 +9,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import load_bundle
 from edgedistill.common.config.export import BundleRecipe
 from edgedistill.common.config.training import DataConfig, StudentConfig
-from edgedistill.common.data import load_splits
+from edgedistill.common.data import DEV_EXAMPLES, load_splits
 from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.common.runtime import (
     TensorRTUnavailable,
@@ -619,6 +619,11 @@ def test_a_bundle_records_the_padding_id_of_the_teachers_tokenizer(smoke_bundles
 
 def test_a_bundle_records_the_recipes_text_style_for_the_server(smoke_bundles):
     assert load_bundle(smoke_bundles / "bundle-bilstm-int8").spec.text_style == "ptb_lower"  # smoke.yaml's
+
+
+def test_a_bundle_records_the_dev_examples_its_figures_were_measured_on(smoke_bundles):
+    recorded = mf.load(smoke_bundles / "bundle-bilstm-int8").info[DEV_EXAMPLES]
+    assert recorded == load_splits(load_recipe(SMOKE).data)[1].digest()
 
 
 def test_a_bundle_stage_is_stale_when_the_text_style_changes():

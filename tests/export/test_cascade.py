@@ -10,7 +10,7 @@ import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common.cascade import is_cascade, load_cascade, route
 from edgedistill.common.config.export import CascadeRecipe
-from edgedistill.common.data import load_splits
+from edgedistill.common.data import DEV_EXAMPLES, load_splits
 from edgedistill.common.recipe import load_recipe, parse_overrides
 from edgedistill.common.runtime import available_providers
 from edgedistill.common.stage import Inputs
@@ -112,6 +112,11 @@ def test_cascade_answers_equal_its_members_routed_by_hand(smoke_cascade, smoke_b
     answers, _ = route(logits, cascade.spec)
     accuracy = float((answers.argmax(-1) == np.asarray(dev.labels)).mean())
     assert accuracy == cascade.manifest.metrics["dev_accuracy"]
+
+
+def test_a_cascade_records_the_dev_examples_its_figures_were_measured_on(smoke_cascade):
+    recorded = mf.load(smoke_cascade).info[DEV_EXAMPLES]
+    assert recorded == load_splits(load_recipe(SMOKE).data)[1].digest()
 
 
 def test_cascade_escalates_a_share_between_none_and_all(smoke_cascade):
