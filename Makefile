@@ -121,7 +121,7 @@ endif
 ifeq ($(origin TORCH_INDEX),command line)
 ifneq ($(VENV_TORCH_INDEX),)
 ifneq ($(patsubst %/],%],$(VENV_TORCH_INDEX)),$(patsubst %/],%],[$(TORCH_INDEX)]))
-$(error TORCH_INDEX=$(TORCH_INDEX) would do nothing: $(VENV)'s torch came from $(or $(patsubst [%],%,$(VENV_TORCH_INDEX)),pip's configured indexes), and make setup installs it once; rm -rf $(VENV), then make setup TORCH_INDEX=$(TORCH_INDEX)$(if $(filter gpu,$(VENV_ORT)), ORT=gpu) (the ONNX Runtime it has), or leave TORCH_INDEX out)
+$(error TORCH_INDEX=$(TORCH_INDEX) would do nothing: $(VENV)'s torch came from $(or $(patsubst [%],%,$(VENV_TORCH_INDEX)),pip's configured indexes), and make setup installs it once; rm -rf $(VENV), then make setup TORCH_INDEX=$(TORCH_INDEX)$(if $(filter gpu,$(VENV_ORT)), ORT=gpu (the ONNX Runtime it has)), or leave TORCH_INDEX out)
 endif
 endif
 endif
@@ -130,7 +130,7 @@ $(if $(and $(filter command line,$(origin ORT)),$(VENV_ORT),$(filter-out $(VENV_
 setup: $(STAMP)  ## make .venv and install the project for development: `.[ORT,dev]` (ORT=cpu|gpu), torch from TORCH_INDEX (CPU)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV); $(PYTHON) -c 'import ensurepip' 2>/dev/null || { echo "setup: $(PYTHON) cannot make $(VENV) without python3-venv (Debian/Ubuntu: make setup-system installs it)" >&2; exit 1; }; $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet --retries 1 '$(TORCH)' --index-url $(TORCH_INDEX) || \
 	  { echo "setup: no $(TORCH) from TORCH_INDEX=$(TORCH_INDEX); trying pip's configured indexes (TORCH_INDEX= goes there at once)" >&2; \
@@ -291,7 +291,7 @@ setup-system:  ## install the system packages the tests need (chromium, openssl,
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing="$$missing chromium"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
-	test -x $(PY) || $(PYTHON) -c 'import ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	$(PY) -m pip --version >/dev/null 2>&1 || $(PYTHON) -c 'import ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
 	[ -n "$$missing" ] || exit 0; \
 	install="apt-get update && apt-get install -y --no-install-recommends$$missing"; \
 	if ! command -v apt-get >/dev/null; then \

@@ -469,6 +469,39 @@ def test_setup_records_the_torch_index_in_its_stamp(checkout):
     )
 
 
+def test_a_torch_index_refusal_on_a_cpu_venv_names_no_onnx_runtime_to_keep(checkout):
+    refusal = make_in(checkout, "lint", "TORCH_INDEX=https://download.pytorch.org/whl/cu130").stderr
+    assert "(the ONNX Runtime it has)" not in refusal
+
+
+@pytest.fixture
+def no_ensurepip(tmp_path):
+    """An interpreter without ensurepip, as Debian's python3 is without python3-venv."""
+    script = tmp_path / "python-without-venv"
+    script.write_text("#!/bin/sh\nexit 1\n")
+    script.chmod(0o755)
+    return script
+
+
+def setup_of_a_venv_without_pip(checkout, python) -> subprocess.CompletedProcess:
+    """`make setup PYTHON=python` in `checkout`, whose .venv has no pip (a venv made half-way, without python3-venv)."""
+    (checkout / ".venv" / "bin" / "python").unlink()
+    (checkout / ".venv" / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
+    (checkout / ".venv" / "bin" / "python").chmod(0o755)
+    (checkout / ".venv" / ".installed").unlink()
+    command = ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(checkout), "setup"]
+    return subprocess.run([*command, f"PYTHON={python}"], capture_output=True, text=True, timeout=120)
+
+
+def test_setup_removes_a_venv_without_pip_rather_than_installing_into_it(checkout, no_ensurepip):
+    setup_of_a_venv_without_pip(checkout, no_ensurepip)
+    assert not (checkout / ".venv").exists()
+
+
+def test_setup_without_python3_venv_names_it(checkout, no_ensurepip):
+    assert "without python3-venv" in setup_of_a_venv_without_pip(checkout, no_ensurepip).stderr
+
+
 def setup_with_stub_pip(checkout, failing: str = "''") -> tuple[subprocess.CompletedProcess, list[str]]:
     """`make setup` in `checkout`, whose Python (a stub) succeeds at every command (pip finds any package installed)
     but those matching the shell pattern `failing` (by default none); its result and the pip commands it was given."""
