@@ -310,8 +310,9 @@ def test_without_check_a_difference_still_exits_0(tmp_path, single_dev):
     assert bench_accuracy(bundle, single_dev, tmp_path / "runs") == 0
 
 
-def test_the_dev_split_is_cut_to_dev_limit(tmp_path, single_dev):
-    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0})
+def test_a_dev_limit_serves_only_that_many_dev_texts(tmp_path, single_dev):
+    measured_on = dev_examples(single_dev, limit=4)  # as the export stage under the same dev_limit records them
+    bundle = write_bundle(tmp_path / "bundle-tiny", metrics={"dev_accuracy": 1.0}, info=measured_on)
     assert bench_accuracy(bundle, single_dev, tmp_path / "runs", "--data.dev_limit=4", "--check") == 0
     assert AccuracyResult.load(tmp_path / "runs" / "smoke" / "serve-accuracy-tiny").texts["count"] == 4
 

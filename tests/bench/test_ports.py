@@ -21,6 +21,7 @@ def test_a_port_someone_holds_is_not_picked(tmp_path, monkeypatch):
     (tmp_path / "range").write_text("32768 60999")
     first = free_port(tmp_path / "range")
     monkeypatch.setattr(ports, "_next_pick", first - ports.PICK_FLOOR)  # look at `first` first again
+    monkeypatch.setattr(ports, "CLAIMS", tmp_path / "claims")  # where this process holds no claim of `first`
     with socket.socket() as held:
         held.bind(("127.0.0.1", first))
         assert free_port(tmp_path / "range") != first

@@ -30,19 +30,29 @@ def samples(end_s, ms, ok=None, due_ms=None) -> Samples:
     return Samples(end_s, ms, due_ms, ok, name, ["Classify"], codes, ["OK", "UNAVAILABLE"], 0.0)
 
 
-def test_call_stats_count_failures_but_time_only_successes():
-    run = samples(np.linspace(0, 1.99, 200), np.arange(1, 201) / 100, ok=[True] * 190 + [False] * 10)
-    stats = analysis.call_stats(run, 2.0, offered_rate=125)
-    assert stats["requests"] == 200
-    assert stats["failures"] == 10
-    assert stats["error_rate"] == 0.05
-    assert stats["requests_per_s"] == 95  # the 190 successful calls
-    assert stats["rate_share"] == 0.76  # the 190 successful calls
-    assert stats["p50_ms"] == pytest.approx(0.955)
-    assert stats["max_ms"] == 1.9  # failed calls' latencies left out
-    assert stats["error_codes"] == {"UNAVAILABLE": 10}
-    assert len(run.between(0, 1).ms) == 100
-    assert len(run.between(1, 2).ms) == 100
+def failing_run() -> Samples:
+    """200 calls returned over 2 s, of 0.01 to 2 ms each; the last (and slowest) 10 failed with UNAVAILABLE."""
+    return samples(np.linspace(0, 1.99, 200), np.arange(1, 201) / 100, ok=[True] * 190 + [False] * 10)
+
+
+def test_call_stats_of_samples_count_their_failed_calls():
+    assert analysis.call_stats(failing_run(), 2.0)["failures"] == 10
+
+
+def test_call_stats_of_samples_time_only_their_successful_calls():
+    assert analysis.call_stats(failing_run(), 2.0)["max_ms"] == 1.9  # the slowest successful call
+
+
+def test_call_stats_of_samples_count_their_failures_by_status_code():
+    assert analysis.call_stats(failing_run(), 2.0)["error_codes"] == {"UNAVAILABLE": 10}
+
+
+@pytest.mark.parametrize("second", [0, 1])
+def test_samples_between_two_times_are_the_calls_that_returned_then(second):
+    assert len(failing_run().between(second, second + 1).ms) == 100
+
+
+def test_call_stats_of_no_samples_have_no_percentiles():
     assert analysis.call_stats(samples([], []), 1.0)["p99_ms"] is None
 
 

@@ -71,6 +71,7 @@ def test_a_watch_stream_ends_with_ok_when_the_server_drains(drained_while_watche
     assert drained_while_watched["code"] == grpc.StatusCode.OK
 
 
+@pytest.mark.serial  # a bound on time
 def test_an_open_watch_stream_does_not_hold_the_drain_for_its_grace(drained_while_watched):
     assert drained_while_watched["stop_s"] < GRACE_S / 2
 

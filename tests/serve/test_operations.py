@@ -5,6 +5,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import io
 import json
 import logging
 import queue
@@ -745,30 +746,50 @@ def test_a_reload_call_is_logged_with_its_trigger_peer_and_request_id(start_serv
     assert started["request_id"] == "swap-1"
 
 
-@pytest.fixture
-def reload_past_its_deadline(start_server, make_bundle, monkeypatch, caplog) -> tuple[grpc.StatusCode, str, list]:
+RELOAD_ENDED = ("model_active", "reload_failed")  # the events that end a reload's log
+
+
+@pytest.fixture(scope="module")
+def reload_past_its_deadline(tmp_path_factory) -> tuple[grpc.StatusCode, str, list]:
     """A Reload onto version 2, whose warm-up (2.5 s) outlasts the call's 1 s deadline: the call's status code, the
     version served once the server logged the reload's end (at most 10 s on), and the server's log lines."""
-    first = make_bundle("v1")
-    server = start_server(settings_for(first, admin_token=ADMIN_TOKEN, reload_root=first.parent))
-    second = make_bundle("v2", version="2")
+    from tests.serve.conftest import RunningServer, write_bundle
+
+    folder = tmp_path_factory.mktemp("reload-past-its-deadline")
+    first, second = write_bundle(folder / "v1"), write_bundle(folder / "v2", version="2")
     warm_up = serve_host.ModelRuntime.warm_up
 
     def slow_warm_up(runtime):
         time.sleep(2.5)  # a deadline of 0.5 s passed before a 0.6 s stall of the server let it see the call
         warm_up(runtime)
 
-    monkeypatch.setattr(serve_host.ModelRuntime, "warm_up", slow_warm_up)
-    capture_json(caplog)
-    with caplog.at_level(logging.INFO, logger=serve_host.__name__), server.channel() as channel:
-        stub = classifier_pb2_grpc.ClassifierStub(channel)
-        with pytest.raises(grpc.RpcError) as caught:
-            stub.Reload(pb.ReloadRequest(bundle_path=str(second)), metadata=ADMIN, timeout=1.0)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not {"model_active", "reload_failed"} & logged_events(caplog):
-            time.sleep(0.05)
-        served = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).version
-    return caught.value.code(), served, [json.loads(line) for line in caplog.text.splitlines()]
+    logged = io.StringIO()  # the server's JSON lines, as it writes them
+    handler = logging.StreamHandler(logged)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger(serve_host.__name__)
+    level = logger.level
+
+    def lines() -> list[dict]:
+        return [json.loads(line) for line in logged.getvalue().splitlines()]
+
+    server = RunningServer(settings_for(first, admin_token=ADMIN_TOKEN, reload_root=folder))
+    try:
+        with pytest.MonkeyPatch.context() as patch, server.channel() as channel:
+            patch.setattr(serve_host.ModelRuntime, "warm_up", slow_warm_up)
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            stub = classifier_pb2_grpc.ClassifierStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Reload(pb.ReloadRequest(bundle_path=str(second)), metadata=ADMIN, timeout=1.0)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(e.get("event") in RELOAD_ENDED for e in lines()):
+                time.sleep(0.05)
+            served = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).version
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        server.close()
+    return caught.value.code(), served, lines()
 
 
 def test_a_reload_whose_call_passes_its_deadline_leaves_the_caller_deadline_exceeded(reload_past_its_deadline):
@@ -1217,6 +1238,7 @@ def test_an_open_stream_is_told_to_open_a_new_one_when_the_server_drains(stream_
     assert "open a new stream" in stream_at_shutdown["details"]
 
 
+@pytest.mark.serial  # a bound on time
 def test_an_open_stream_does_not_hold_the_drain_for_its_grace(stream_at_shutdown):
     assert stream_at_shutdown["stop_s"] < 2.5
 

@@ -13,6 +13,7 @@ import urllib.request
 
 import grpc
 import pytest
+from edgedistill.common.bundle import read_bundle
 from edgedistill.serve import call as cli
 from edgedistill.serve.proto import classifier_pb2 as pb
 from edgedistill.serve.proto import classifier_pb2_grpc
@@ -69,14 +70,18 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(spawn, bundle):
 
 def test_every_log_lines_model_is_the_models_name(spawn, bundle):
     # Elasticsearch fixes a field's type from its first document: `model` an object in one line refuses the others
-    server = spawn(bundle)
+    server = spawn(bundle, "--access-log", "true")  # a line for every call, naming the model of a call it served
     address = f"127.0.0.1:{server.wait_for('serving')['port']}"
-    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError):
-        classifier_pb2_grpc.ClassifierStub(channel).Classify(pb.ClassifyRequest(texts=[""]), timeout=10)
+    with grpc.insecure_channel(address) as channel:
+        stub = classifier_pb2_grpc.ClassifierStub(channel)
+        stub.Classify(pb.ClassifyRequest(texts=["great"]), timeout=10)
+        with pytest.raises(grpc.RpcError):  # refused before a model is chosen
+            stub.Classify(pb.ClassifyRequest(texts=[""]), timeout=10)
     server.wait_for("rpc")
     server.proc.send_signal(signal.SIGTERM)
     server.wait(20)
-    assert all(isinstance(line.get("model", ""), str) for line in server.lines)
+    name = read_bundle(bundle)[0].spec.name
+    assert {line["model"] for line in server.lines if "model" in line} == {name}
 
 
 def handles_sigterm(pid: int) -> bool:

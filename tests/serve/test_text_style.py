@@ -1,5 +1,6 @@
 """A bundle's text style on a real server: each text written as the model's training text was, in both APIs."""
 
+import grpc
 import pytest
 from edgedistill.serve.client import Client
 from edgedistill.serve.proto import classifier_pb2 as pb
@@ -51,8 +52,12 @@ def test_model_config_gives_the_bundles_text_style(make_bundle, start_server):
 
 
 def test_a_text_of_markup_alone_is_refused_naming_the_text_style(client_of):
-    with client_of("ptb_lower") as client, pytest.raises(Exception, match="HTML markup, which the text style removes"):
+    with (
+        client_of("ptb_lower") as client,
+        pytest.raises(grpc.RpcError, match="HTML markup, which the text style removes") as refused,
+    ):
         client.classify(["<br />"])
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.fixture
@@ -65,20 +70,27 @@ def cut_to_200(make_bundle, start_server):
 
 @pytest.mark.parametrize("api", ["classify", "kserve_infer"])
 def test_a_text_read_as_nothing_up_to_max_text_chars_is_refused_naming_the_limit(cut_to_200, api):
-    with pytest.raises(Exception, match="text 0 holds nothing the tokenizer keeps in its first 200 characters"):
+    named = "text 0 holds nothing the tokenizer keeps in its first 200 characters"
+    with pytest.raises(grpc.RpcError, match=named) as refused:
         getattr(cut_to_200, api)(["<br>" * 60 + "great"])  # its word comes after the 200 characters read
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_a_pair_read_as_nothing_up_to_max_text_chars_is_refused_naming_the_limit(make_bundle, start_server):
     server = start_server(settings_for(make_bundle(text_style="ptb_lower", **pair_spec()), max_text_chars=200))
-    with Client(server.address, timeout=10) as client, pytest.raises(Exception, match="text pair 0 .* first 200"):
+    with (
+        Client(server.address, timeout=10) as client,
+        pytest.raises(grpc.RpcError, match="text pair 0 .* first 200") as refused,
+    ):
         client.classify(["good"], ["<br>" * 60 + "great"])
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("length", [60, 200], ids=["short", "of max_text_chars"])
 def test_a_text_read_as_nothing_that_was_not_cut_is_refused_without_naming_the_limit(cut_to_200, length):
-    with pytest.raises(Exception, match=r"text 0 holds nothing the tokenizer keeps \(only"):
+    with pytest.raises(grpc.RpcError, match=r"text 0 holds nothing the tokenizer keeps \(only") as refused:
         cut_to_200.classify(["<br>" * (length // 4)])
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_a_ptb_lower_pair_bundle_writes_both_texts_of_a_pair_in_its_style(make_bundle, start_server):
