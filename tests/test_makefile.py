@@ -246,8 +246,7 @@ def make_all_with(tmp_path, loadtest_status: int) -> tuple[int, list[str]]:
     """`make all` run with an `edgedistill` that notes each command and exits `loadtest_status` from the load test
     (0 from the others): make's status, and the commands run."""
     noted, fake = tmp_path / "ran", tmp_path / "edgedistill"
-    fake.write_text(f'#!/bin/sh\necho "$1" >> {noted}\n[ "$1" = loadtest ] && exit {loadtest_status}\nexit 0\n')
-    fake.chmod(0o755)
+    shell_script(fake, f'echo "$1" >> {noted}\n[ "$1" = loadtest ] && exit {loadtest_status}\nexit 0')
     command = ["make", "--no-print-directory", "all", f"ED={fake}", "RECIPE=recipes/smoke.yaml"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     return result.returncode, noted.read_text().split()
@@ -394,13 +393,17 @@ def make_in(folder, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
+def shell_script(path: Path, body: str) -> Path:
+    """An executable `sh` script at `path` running `body`."""
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
 @pytest.fixture
 def other_python(tmp_path):
     """An interpreter that says it is another installation's Python."""
-    script = tmp_path / "python"
-    script.write_text("#!/bin/sh\necho /opt/other 3.99.0\n")
-    script.chmod(0o755)
-    return script
+    return shell_script(tmp_path / "python", "echo /opt/other 3.99.0")
 
 
 def test_make_on_a_current_venv_installs_nothing(checkout):
@@ -477,17 +480,13 @@ def test_a_torch_index_refusal_on_a_cpu_venv_names_no_onnx_runtime_to_keep(check
 @pytest.fixture
 def no_ensurepip(tmp_path):
     """An interpreter without ensurepip, as Debian's python3 is without python3-venv."""
-    script = tmp_path / "python-without-venv"
-    script.write_text("#!/bin/sh\nexit 1\n")
-    script.chmod(0o755)
-    return script
+    return shell_script(tmp_path / "python-without-venv", "exit 1")
 
 
 def setup_of_a_venv_without_pip(checkout, python) -> subprocess.CompletedProcess:
     """`make setup PYTHON=python` in `checkout`, whose .venv has no pip (a venv made half-way, without python3-venv)."""
     (checkout / ".venv" / "bin" / "python").unlink()
-    (checkout / ".venv" / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
-    (checkout / ".venv" / "bin" / "python").chmod(0o755)
+    shell_script(checkout / ".venv" / "bin" / "python", "exit 1")
     (checkout / ".venv" / ".installed").unlink()
     command = ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(checkout), "setup"]
     return subprocess.run([*command, f"PYTHON={python}"], capture_output=True, text=True, timeout=120)
@@ -508,8 +507,7 @@ def setup_with_stub_pip(checkout, failing: str = "''") -> tuple[subprocess.Compl
     calls = checkout / "calls"
     python = checkout / ".venv" / "bin" / "python"
     python.unlink()
-    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\ncase "$*" in {failing}) exit 1;; esac\n')
-    python.chmod(0o755)
+    shell_script(python, f'echo "$*" >> {calls}\ncase "$*" in {failing}) exit 1;; esac')
     command = ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(checkout), "setup"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     return result, calls.read_text().splitlines()

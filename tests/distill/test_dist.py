@@ -130,21 +130,32 @@ def _run_stage(recipe_path: str, runs: str) -> bool:
     return mf.staleness(stage.folder, stage.config_hash) is None
 
 
-def test_two_ranks_build_a_stage_once_and_both_find_it(tmp_path):
-    recipe = tmp_path / "r.yaml"
+def small_recipe(folder: Path) -> Path:
+    """A recipe in `folder` of a stage that reads `data` alone (`_build_on_rank_0`'s)."""
+    recipe = folder / "r.yaml"
     recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    return recipe
+
+
+def built_by_another_job(tmp_path: Path, recipe: Path, runs: Path) -> None:
+    """The stage of `recipe` built in `runs` by two ranks of an earlier job, run from `tmp_path/first`; a later job runs
+    from `tmp_path/second`."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
+
+
+def test_two_ranks_build_a_stage_once_and_both_find_it(tmp_path):
+    recipe = small_recipe(tmp_path)
     runs = tmp_path / "runs"
     assert on_two_ranks(tmp_path, _run_stage, str(recipe), str(runs)) == {0: True, 1: True}
     assert (runs / "builds").read_text() == "built\n"
 
 
 def test_ranks_that_find_their_stage_built_by_another_job_skip_it_together(tmp_path):
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    recipe = small_recipe(tmp_path)
     runs = tmp_path / "runs"
-    (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
-    on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
+    built_by_another_job(tmp_path, recipe, runs)
     assert on_two_ranks(tmp_path / "second", _run_stage, str(recipe), str(runs)) == {0: True, 1: True}
     assert (runs / "builds").read_text() == "built\n"
 
@@ -160,12 +171,9 @@ def _found_current_restoring_slowly(recipe_path: str, runs: str) -> bool:
 
 
 def test_ranks_skip_together_a_stage_a_killed_publish_left_aside(tmp_path, monkeypatch):
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    recipe = small_recipe(tmp_path)
     runs = tmp_path / "runs"
-    (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
-    on_two_ranks(tmp_path / "first", _run_stage, str(recipe), str(runs))
+    built_by_another_job(tmp_path, recipe, runs)
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
     folder = Stage("up", load_recipe(recipe), ("data",), _build_on_rank_0).folder
     folder.rename(temporary_name(folder, "old", pid=os.getppid()))  # killed between the two renames of a publish
@@ -174,8 +182,7 @@ def test_ranks_skip_together_a_stage_a_killed_publish_left_aside(tmp_path, monke
 
 
 def test_a_stage_whose_parent_is_missing_leaves_no_lock_file(tmp_path, monkeypatch):
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    recipe = small_recipe(tmp_path)
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "runs"))
     stage = Stage("up", load_recipe(recipe), ("data",), _build_on_rank_0, (Artifact("bundle", tmp_path / "typo"),))
     with pytest.raises(mf.ArtifactError):
@@ -190,8 +197,7 @@ def _run_stage_saying_so(recipe_path: str, runs: str) -> bool:
 
 
 def test_ranks_wait_for_a_stage_another_job_holds_past_their_collectives_timeout(tmp_path, monkeypatch):
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text("data: {train: a.tsv, dev: b.tsv, label_names: [n, p]}\nmodel: {init: m}\n")
+    recipe = small_recipe(tmp_path)
     runs = tmp_path / "runs"
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(runs))
     held = threading.Event()
