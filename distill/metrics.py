@@ -17,7 +17,8 @@ def classification_metrics(
 
     macro_f1 averages the F1 of the labels that occur in `labels` or in the predictions (as scikit-learn
     does). f1 is the F1 of label `positive` (`DataConfig.positive_index`); None reports no f1. ValueError for an
-    empty split or a label that is not an integer in 0..num_labels-1.
+    empty split, a label that is not an integer in 0..num_labels-1, or logits that are not one row of num_labels per
+    label.
     """
     if positive is not None and not 0 <= positive < num_labels:
         raise ValueError(f"positive label {positive} is outside 0..{num_labels - 1}")
@@ -28,7 +29,12 @@ def classification_metrics(
         raise ValueError(f"{prefix} labels must be label indices (integers), got {gold.dtype}")
     if (outside := np.unique(gold[(gold < 0) | (gold >= num_labels)])).size:
         raise ValueError(f"{prefix} labels {outside.tolist()} are outside 0..{num_labels - 1}")
-    pred = np.asarray(logits).argmax(-1)
+    scores = np.asarray(logits)
+    if scores.shape != (gold.size, num_labels):
+        raise ValueError(
+            f"{prefix} logits have shape {scores.shape}, expected ({gold.size}, {num_labels}): one row of scores per label"
+        )
+    pred = scores.argmax(-1)
     confusion = np.zeros((num_labels, num_labels), dtype=int)
     np.add.at(confusion, (gold, pred), 1)
     f1, seen = label_f1(confusion)

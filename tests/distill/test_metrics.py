@@ -58,7 +58,7 @@ def test_multiclass_f1_of_the_named_positive_label():
 
 def test_macro_f1_leaves_out_labels_neither_in_gold_nor_predicted():
     """A dev slice without any example of a label does not count that label as an F1 of 0."""
-    assert classification_metrics(THREE_LOGITS, THREE_GOLD, 4, None)["dev_macro_f1"] == pytest.approx(
+    assert classification_metrics(np.eye(4)[[0, 1, 2, 2]], THREE_GOLD, 4, None)["dev_macro_f1"] == pytest.approx(
         (1 + 2 / 3 + 2 / 3) / 3
     )
 
@@ -81,6 +81,16 @@ def test_gold_labels_past_the_last_are_refused_naming_each_once():
 def test_a_gold_label_that_is_not_an_integer_is_refused():
     with pytest.raises(ValueError, match=r"^dev labels must be label indices \(integers\), got float64$"):
         classification_metrics(BINARY_LOGITS, [1.0, 1.0, 0.0, 0.0, 1.0], 2, 1)
+
+
+def test_one_row_of_logits_for_many_labels_is_refused_not_broadcast():
+    with pytest.raises(ValueError, match=r"^dev logits have shape \(1, 2\), expected \(5, 2\)"):
+        classification_metrics(BINARY_LOGITS[:1], BINARY_GOLD, 2, 1)
+
+
+def test_logits_with_more_columns_than_labels_are_refused():
+    with pytest.raises(ValueError, match=r"^dev logits have shape \(4, 3\), expected \(4, 2\)"):
+        classification_metrics(THREE_LOGITS, [0, 1, 1, 0], 2, 1)
 
 
 def test_an_empty_split_is_refused_saying_so():
