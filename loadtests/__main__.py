@@ -15,15 +15,12 @@ import sys
 from pathlib import Path
 
 from edgedistill.bench import BUNDLE_HELP, BenchError, slo
-from edgedistill.bench.serving import bundle_to_serve
 from edgedistill.bench.texts import PairsFile, add_texts_arguments
 from edgedistill.common import sections
 from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import add_recipe_argument, load_command_recipe, parse_overrides
 from edgedistill.common.scenarios import SCENARIOS_VAR, scenario_weights
-from edgedistill.loadtests import result as rs
-from edgedistill.loadtests import runner
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> int:
@@ -48,6 +45,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m loadtests") -> in
     )
     parser.add_argument("--force", action="store_true", help="run again even if up to date")
     args, rest = parser.parse_known_args(argv)
+    # grpc and locust: here, not at the top, so that run_module names the extra of a missing one
+    from edgedistill.bench.serving import bundle_to_serve
+    from edgedistill.loadtests import result as rs
+    from edgedistill.loadtests import runner
+
     try:
         pairs_file = PairsFile.of(args)
         overrides = parse_overrides(rest)

@@ -5,7 +5,6 @@ import sys
 from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.recipe import RecipeError, add_recipe_argument, load_command_recipe, parse_overrides
-from edgedistill.report.render import stage
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
@@ -14,6 +13,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
     add_recipe_argument(parser, "report")
     parser.add_argument("--force", action="store_true", help="render again even if up to date")
     args, rest = parser.parse_known_args(argv)
+    from edgedistill.report.render import stage  # matplotlib: run_module names the extra of a missing one
+
     try:
         stage(load_command_recipe(args.recipe, parse_overrides(rest), "report", prog)).run(args.force)
     except (RecipeError, ArtifactError) as err:

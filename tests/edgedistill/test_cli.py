@@ -147,6 +147,17 @@ def test_the_server_module_without_its_runtime_exits_2(serve_argv):
     assert run_without("onnxruntime", serve_argv[1:], module="serve").returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("module", "blocked", "extra"), [("report", "matplotlib", "report"), ("loadtests", "grpc", "loadtest")]
+)
+def test_a_module_that_imports_a_missing_package_for_its_work_names_the_install_command(module, blocked, extra):
+    result = run_without(blocked, ["smoke"], module=module)
+    assert (
+        result.stderr.strip()
+        == f"python -m edgedistill.{module}: needs {blocked}, which is not installed: pip install 'edgedistill[{extra}]'"
+    )
+
+
 def test_the_servers_help_needs_no_runtime():
     assert run_without("onnxruntime", ["serve", "--help"]).returncode == 0
 
