@@ -36,8 +36,8 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
@@ -160,12 +160,13 @@ class _Admission:
     def __exit__(self, *exc_info) -> None:
         self.batcher._admitted -= self.rows
 
-    async def making(self, rows: Awaitable[T]) -> T:
-        """Await `rows` being made (e.g. tokenized in a thread), the admitted rows reported to the observer meanwhile:
-        made on the event loop, they are queued in the same step, before any scrape could see them."""
+    async def making(self, pool: Executor, make: Callable[..., T], *args) -> T:
+        """`make(*args)` run in `pool` (rows tokenized in a thread), the admitted rows reported to the observer from
+        before it starts until it ends: made on the event loop, they are queued in the same step, before any scrape
+        could see them."""
         self.batcher.observer.rows_admitted(self.rows)
         try:
-            return await rows
+            return await asyncio.get_running_loop().run_in_executor(pool, make, *args)
         finally:
             self.batcher.observer.rows_admitted(-self.rows)
 

@@ -361,8 +361,7 @@ class ModelRuntime:
             if runs_inline(sum(map(len, texts)) + sum(map(len, pairs or ())), INLINE_TOKENIZE_CHARS):
                 rows = self.encoder.encode(texts, pairs)
             else:
-                loop = asyncio.get_running_loop()
-                rows = await admission.making(loop.run_in_executor(self._tokenizing, self.encoder.encode, texts, pairs))
+                rows = await admission.making(self._tokenizing, self.encoder.encode, texts, pairs)
         return await self.run(rows, deadline)
 
     async def run(self, rows: list[dict[str, np.ndarray]], deadline: float | None) -> Scores:

@@ -5,6 +5,7 @@ import random
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -194,6 +195,23 @@ def test_admitted_places_are_given_back_when_the_block_raises():
     with pytest.raises(ValueError), b.admit(3):
         raise ValueError("tokenizing failed")
     assert b.room == 4
+
+
+def test_rows_made_in_a_thread_are_reported_admitted_before_the_thread_starts_and_not_after():
+    class Admitted(Recorder):
+        rows = 0
+
+        def rows_admitted(self, rows):
+            self.rows += rows
+
+    observer = Admitted()
+
+    async def main():
+        b = batcher(FakeBackend(), observer=observer)
+        with ThreadPoolExecutor(1) as pool, b.admit(3) as admission:
+            return await admission.making(pool, lambda: observer.rows)
+
+    assert (asyncio.run(main()), observer.rows) == (3, 0)
 
 
 def test_a_refused_admission_holds_no_places():

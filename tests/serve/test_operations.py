@@ -1265,6 +1265,7 @@ def reflection_at_shutdown(start_server, bundle):
         return {"replies": replies, "code": stream.code(), "details": stream.details(), "stop_s": stop_s}
 
 
+@pytest.mark.serial  # a bound on time
 def test_an_open_reflection_stream_does_not_hold_the_drain_for_its_grace(reflection_at_shutdown):
     assert reflection_at_shutdown["stop_s"] < 10
 
