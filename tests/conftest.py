@@ -238,6 +238,13 @@ def smoke_bundles(smoke_run, tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def smoke_bundles_copy(smoke_bundles, tmp_path) -> Path:
+    """A copy of `smoke_bundles` for a test that writes in it (a manifest rewritten makes the stages after it
+    stale): the process's copy stays as built for the tests after."""
+    return Path(shutil.copytree(smoke_bundles, tmp_path / "smoke"))
+
+
+@pytest.fixture
 def swapped_after_check(smoke_bundles, tmp_path, monkeypatch):
     """`swap(module)`: a copy of the smoke teacher's fused bundle, whose model file `module.open_bundle` overwrites
     between the bundle's check and its opening, as a folder changed meanwhile would."""

@@ -586,8 +586,8 @@ def test_a_smoothed_bundle_recorded_with_the_calibration_count_by_an_earlier_rel
     assert stage.built(older)
 
 
-def test_a_bundle_recorded_with_every_gate_by_an_earlier_release_is_current(smoke_bundles, monkeypatch):
-    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles.parent))
+def test_a_bundle_recorded_with_every_gate_by_an_earlier_release_is_current(smoke_bundles_copy, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(smoke_bundles_copy.parent))
     stage = stages.bundle(load_recipe(SMOKE), "bilstm-int8")
     manifest = mf.load(stage.folder)
     settings = manifest.hashed["settings"] | {"export.min_fp16_agreement": 0.995, "export.min_agreement": 0.999}

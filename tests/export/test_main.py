@@ -1,7 +1,6 @@
 """`python -m export`: a failure of the recipe, the artifacts or the machine is a message and exit status 2; a missed
 gate is a message and exit status 1; bundles all current are said so without loading what building takes."""
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -97,10 +96,9 @@ def test_an_override_of_a_section_the_bundles_do_not_read_is_refused_naming_it(c
 
 
 @pytest.fixture
-def built_bundles(smoke_bundles, tmp_path) -> Path:
+def built_bundles(smoke_bundles_copy) -> Path:
     """A copy of the smoke run with every bundle this machine builds: a runs folder whose bundles are current."""
-    shutil.copytree(smoke_bundles, tmp_path / "smoke")
-    return tmp_path
+    return smoke_bundles_copy.parent
 
 
 def test_bundles_all_current_load_neither_torch_nor_transformers_nor_onnx(built_bundles):
