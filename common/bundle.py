@@ -38,6 +38,9 @@ TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # BiLSTM and CNN students find a row's length from its mask and BERT and GPT number positions from 0, so a row padded
 # on the left gives other logits.
 PADDING_SIDE = "right"
+# What to do about a bundle that fails its checks, whatever its folder is called (a copy renamed, a cascade's member):
+# the bundles command builds bundles and cascades.
+REBUILD = mf.build_with(mf.BUILT_BY["bundle-"], again=True)
 
 
 def pad_value(name: str, pad_token_id: int) -> int:
@@ -172,6 +175,11 @@ def tokenizer_config(data: dict, max_length: int) -> dict:
     return data | {"model_max_length": max_length}
 
 
+class NotABundle(mf.ArtifactError):
+    """A finished artifact that is no bundle (another stage's, or a cascade) named where a bundle is read: nothing to
+    rebuild, another folder to name."""
+
+
 class Bundle(BaseModel):
     folder: Path
     manifest: mf.Manifest
@@ -188,13 +196,17 @@ class Bundle(BaseModel):
 
 
 def _spec(folder: Path, manifest: mf.Manifest) -> BundleSpec:
-    """The bundle spec of a manifest; `ArtifactError` unless it is valid and lists the model and tokenizer."""
+    """The bundle spec of a manifest; `NotABundle` for another kind of artifact, `ArtifactError` unless the spec is
+    valid and lists the model and tokenizer."""
     if "cascade" in manifest.info:
-        raise mf.ArtifactError(
+        raise NotABundle(
             f"{folder} is a confidence cascade, not a bundle: its members are bundles, in {folder / 'members'}"
         )
     if "bundle" not in manifest.info:
-        raise mf.ArtifactError(f"{folder} is a {manifest.stage!r} artifact, not a bundle (no info.bundle)")
+        raise NotABundle(
+            f"{folder} is a {manifest.stage!r} artifact, not a bundle (no info.bundle): name a bundle folder, "
+            "runs/<recipe>/bundle-<id>"
+        )
     try:
         spec = BundleSpec.model_validate(manifest.info["bundle"])
     except ValidationError as err:

@@ -105,14 +105,18 @@ def parent_of(folder: Path) -> Parent:
 
 def listed_file(folder: Path, name: str) -> Path:
     """The path of the file a manifest lists as `name`; `ArtifactError` unless it lies inside `folder`: no
-    absolute path, no `..`, no symlink (of the file or a folder on its way) that leads out."""
+    absolute path, no `..`, no symlink (of the file or a folder on its way) that leads out or loops."""
     relative = PurePosixPath(name)
     if "\x00" in name:  # no file system takes it; os.path would raise ValueError
         raise ArtifactError(f"{folder}: the manifest lists {name!r}, a name with a NUL character that no file can have")
     if not name or relative.is_absolute() or ".." in relative.parts:
         raise ArtifactError(f"{folder}: the manifest lists {name!r}, a path outside the artifact folder")
     file = folder / relative
-    if not file.resolve().is_relative_to(folder.resolve()):
+    try:
+        inside = file.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop, before Python 3.13
+        raise ArtifactError(f"{folder}: the manifest lists {name!r}, a path that cannot be followed: {err}") from err
+    if not inside:
         raise ArtifactError(f"{folder}: the manifest lists {name!r}, a symlink that leads out of the artifact folder")
     return file
 
@@ -145,13 +149,18 @@ BUILT_BY = {
 }
 
 
+def build_with(command: str, again: bool = False) -> str:
+    """The advice to run `command` (a `BUILT_BY` one) for a missing artifact (or, `again`, a damaged one)."""
+    return f"build it{' again' if again else ''}: edgedistill {command} RECIPE"
+
+
 def how_to_build(folder: Path, again: bool = False) -> str:
     """What to run for a missing artifact (or, `again`, a damaged one): the command that builds a folder of that name,
     else its stage."""
     name = folder.name
     matches = (run for start, run in BUILT_BY.items() if name == start or (start[-1] == "-" and name.startswith(start)))
     if command := next(matches, None):
-        return f"build it{' again' if again else ''}: edgedistill {command} RECIPE"
+        return build_with(command, again)
     return "run its stage again to rebuild it" if again else "run its stage first"
 
 

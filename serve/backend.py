@@ -30,7 +30,7 @@ class BackendUnavailable(BundleRejected):
 def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None) -> Runner:
     """The bundle's runner (from `model`, its model file's verified bytes, where given) on `settings.providers`
     (empty: the bundle's), `threads` (0: `intra_op_threads` for the server's WORKERS) and `spin`, for batches of up to
-    `max_batch_size` rows.
+    `largest_batch` rows.
 
     A requested GPU provider that is not active refuses the bundle, unless `allow_cpu_fallback` accepts the CPU. A
     TensorRT engine runs on its GPU whatever `providers`, `threads` and `spin` say (`serve.cascade.refuse_unused_by`
@@ -47,7 +47,7 @@ def load_backend(bundle: Bundle, settings: Settings, model: bytes | None = None)
             threads=threads,
             spin=settings.spin,
             allow_cpu_fallback=settings.allow_cpu_fallback,
-            max_batch=settings.max_batch_size,
+            max_batch=settings.largest_batch,
         )
     except SettingError as err:  # TensorRT's engine cache (EDGEDISTILL_TRT_CACHE) cannot be made
         raise BackendUnavailable(str(err)) from err

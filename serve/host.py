@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import Bundle, ServedFiles, ServedModel, read_bundle
+from edgedistill.common.bundle import REBUILD, Bundle, NotABundle, ServedFiles, ServedModel, read_bundle
 from edgedistill.common.cascade import softmax
+from edgedistill.common.runtime import DeviceError
 from edgedistill.common.textstyle import Style
 from edgedistill.serve.backend import load_backend
 from edgedistill.serve.batching import BatchObserver, DynamicBatcher, pad_rows
@@ -206,8 +207,7 @@ class ModelRuntime:
         self.encoder = TextEncoder.for_bundle(bundle, files.tokenizer)
         self.backend = load_backend(bundle, settings, model=files.model)
         self._tokenizing = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
-        # no batch outgrows the queue (a request's own call holds MAX_TEXTS rows at most, which the queue holds too)
-        largest = min(settings.max_batch_size, settings.max_queued)
+        largest = settings.largest_batch
         self.max_batch_size = min(largest, self.backend.max_batch_size or largest)
         self.batcher = DynamicBatcher(
             self._infer_logits,
@@ -238,9 +238,11 @@ class ModelRuntime:
         served."""
         try:
             return cls(*read_bundle(folder), settings, observer, on_fault)
+        except NotABundle as err:  # says which folder to name instead
+            raise BundleRejected(f"bundle refused: {err}") from err
         except mf.ArtifactError as err:
             built = (Path(folder) / mf.MANIFEST).is_file()  # else the error says what to build
-            again = f"; {mf.how_to_build(Path(folder), again=True)}" if built else ""
+            again = f"; {REBUILD}" if built else ""
             raise BundleRejected(f"bundle refused: {err}{again}") from err
         except OSError as err:  # unreadable (permissions, a file gone since verified), or a name too long to look up
             raise BundleRejected(
@@ -444,10 +446,20 @@ class ModelRuntime:
 
     def release(self, backend: bool = True) -> None:
         """Release the tokenizing threads and, with `backend`, the backend; what is being tokenized then meets the
-        closed batcher."""
+        closed batcher. A backend its device fails to release (`DeviceError`: a CUDA error leaves the device broken
+        for every later call, freeing its memory too) is logged, not raised: the error that broke it (a fault, a
+        failed warm-up) is the one to report, and the process's exit frees the device."""
         self._tokenizing.shutdown(wait=False)
         if backend:
-            self.backend.close()
+            try:
+                self.backend.close()
+            except DeviceError as err:
+                log.warning(
+                    "the backend of %s could not be released on its device: %s",
+                    self.folder,
+                    err,
+                    extra={"event": "backend_release_failed"},
+                )
 
 
 def reload_folder(path: str, settings: Settings, worker: bool = False) -> Path | None:

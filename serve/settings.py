@@ -398,6 +398,12 @@ class Settings(BaseModel):
         return self
 
     @property
+    def largest_batch(self) -> int:
+        """The most rows one backend call takes: MAX_BATCH_SIZE, at most MAX_QUEUED, as no batch outgrows the queue (a
+        request holds MAX_TEXTS rows at most, which the queue holds too)."""
+        return min(self.max_batch_size, self.max_queued)
+
+    @property
     def max_queue_delay(self) -> float:
         return self.max_queue_delay_ms / 1000
 

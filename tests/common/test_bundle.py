@@ -4,7 +4,15 @@ import json
 
 import pytest
 from edgedistill.common import manifest as mf
-from edgedistill.common.bundle import TOKEN_INPUTS, VERSION_DIGITS, load_bundle, pad_value, read_bundle, tokenizer_json
+from edgedistill.common.bundle import (
+    TOKEN_INPUTS,
+    VERSION_DIGITS,
+    NotABundle,
+    load_bundle,
+    pad_value,
+    read_bundle,
+    tokenizer_json,
+)
 from tokenizers import Tokenizer
 
 from tests.serve.conftest import pair_spec, spec, tiny_tokenizer, write_bundle, write_cascade
@@ -87,10 +95,23 @@ def test_a_bundles_tokenizer_json_pads_nothing():
     assert len(bundle_tokenizer(5).encode("good").ids) == 3
 
 
+def another_stages_artifact(folder):
+    """A finished artifact of another stage than the bundles' (a teacher's) in `folder`."""
+    with mf.stage_folder(folder) as tmp:
+        (tmp / "weights.bin").write_bytes(b"weights")
+        mf.commit(tmp, folder, mf.Manifest(stage="teacher", recipe="tests", recipe_hash="0", config_hash="0"))
+    return folder
+
+
+def test_another_stages_artifact_is_refused_as_no_bundle(tmp_path):
+    with pytest.raises(NotABundle, match="is a 'teacher' artifact, not a bundle"):
+        load_bundle(another_stages_artifact(tmp_path / "teacher"))
+
+
 def test_a_cascade_is_refused_as_a_bundle_with_where_its_members_are(tmp_path):
     small, big = write_bundle(tmp_path / "small"), write_bundle(tmp_path / "big")
     folder = write_cascade(tmp_path / "cascade", {"small": small, "big": big}, [0.9])
-    with pytest.raises(mf.ArtifactError, match="is a confidence cascade, not a bundle: its members are bundles, in"):
+    with pytest.raises(NotABundle, match="is a confidence cascade, not a bundle: its members are bundles, in"):
         load_bundle(folder)
 
 

@@ -96,6 +96,16 @@ def test_a_listed_file_under_a_symlinked_folder_leading_out_is_refused(tmp_path)
         mf.load(tmp_path / "stage")
 
 
+def test_a_listed_file_that_became_a_symlink_loop_is_refused_naming_it(tmp_path):
+    publish(tmp_path)
+    folder = tmp_path / "stage"
+    (folder / "model.bin").unlink()
+    (folder / "model.bin").symlink_to(folder / "loop.bin")
+    (folder / "loop.bin").symlink_to(folder / "model.bin")
+    with pytest.raises(mf.ArtifactError, match="'model.bin', a path that cannot be followed"):
+        mf.load(folder, verify=False)
+
+
 def test_failed_stage_leaves_old_artifact_untouched(tmp_path):
     publish(tmp_path, payload=b"old")
     with pytest.raises(RuntimeError), mf.stage_folder(tmp_path / "stage") as tmp:

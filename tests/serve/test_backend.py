@@ -295,7 +295,9 @@ def test_an_fp32_bundle_the_providers_setting_sends_to_tensorrt_is_refused_namin
         load_backend(load_bundle(bundle), Settings(providers=["tensorrt"], threads=1))
 
 
-def test_the_tensorrt_provider_is_given_a_profile_up_to_the_max_batch_size_setting(bundle, monkeypatch, tf32_override):
+def profile_batches(bundle, monkeypatch, **batching) -> set[int]:
+    """The max batches of the profiles the TensorRT provider is given (offered, as on a GPU machine) for `bundle` served
+    with the `batching` settings."""
     profiles, real = [], runtime.provider_options
 
     def recording(provider, precision, model, shapes=None):
@@ -305,9 +307,17 @@ def test_the_tensorrt_provider_is_given_a_profile_up_to_the_max_batch_size_setti
     monkeypatch.setenv("EDGEDISTILL_TRT_CACHE", str(bundle.parent / "trt"))
     monkeypatch.setattr(runtime, "provider_options", recording)
     monkeypatch.setattr(runtime, "available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
-    settings = Settings(providers=["tensorrt"], threads=1, max_batch_size=8, allow_cpu_fallback=True)
+    settings = Settings(providers=["tensorrt"], threads=1, allow_cpu_fallback=True, **batching)
     load_backend(load_bundle(bundle), settings).close()
-    assert {shapes.max_batch for shapes in profiles} == {8}
+    return {shapes.max_batch for shapes in profiles}
+
+
+def test_the_tensorrt_provider_is_given_a_profile_up_to_the_max_batch_size_setting(bundle, monkeypatch, tf32_override):
+    assert profile_batches(bundle, monkeypatch, max_batch_size=8) == {8}
+
+
+def test_the_tensorrt_provider_is_given_a_profile_no_larger_than_the_queue(bundle, monkeypatch, tf32_override):
+    assert profile_batches(bundle, monkeypatch, max_batch_size=4096, max_queued=64) == {64}
 
 
 def test_an_engine_cache_that_cannot_be_made_refuses_the_bundle_naming_the_setting(
