@@ -91,7 +91,7 @@ class ClassifierServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Reload(self, request, context):
-        """Load a bundle (the configured folder, or `bundle_path`) and swap it in without dropping requests.
+        """Load a bundle (the folder being served, or `bundle_path`) and swap it in without dropping requests.
         On failure the current model keeps serving and the call fails with the reason.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
