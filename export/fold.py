@@ -53,6 +53,17 @@ class FoldedCNN(nn.Module):
         )
         self.classifier, self.pairs = cnn.classifier, cnn.pairs
 
+    @property
+    def smaller_export(self) -> str:
+        """What makes this module's export smaller (`onnx_export.export_onnx` names it where one file cannot hold it):
+        the table is most of it, and it is converted before the export, not after."""
+        half = "precision: fp16 (halves it; an int8 bundle is quantized from this fp32 export), "
+        return (
+            "the folded table, (vocabulary + 2) x widest kernel x filters, is most of it: "
+            f"{half if self.table.dtype == torch.float32 else ''}fold: false, or a student of fewer filters "
+            "(num_filters) or kernel sizes (kernel_sizes)"
+        )
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         if self.pairs:
             ids, mask = pair_sides(input_ids, attention_mask, token_type_ids)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import onnx
 import torch
+from edgedistill.common.atomic import space_checked
 from edgedistill.distill import heads
 from edgedistill.distill.student_stage import is_student, load_student
 from edgedistill.distill.students import count_parameters
@@ -32,6 +33,13 @@ ANSWERED_BY_CHECKS = (
     (torch.jit.TracerWarning, "Converting a tensor to a Python boolean", r"edgedistill\.distill\.students\Z"),
     (UserWarning, "Exporting aten::index operator of advanced indexing", r"torch\.onnx\."),
     (UserWarning, "Exporting a model to ONNX with a batch_size other than 1", r"torch\.onnx\."),
+)
+
+# What makes an export over what one ONNX file holds smaller, where its module says nothing of its own (a module's
+# `smaller_export`, as the folded CNN's, whose table is converted before the export, not after).
+SMALLER_EXPORT = (
+    "export a smaller model, a smaller teacher (model.init, e.g. a base-size checkpoint for a large one) or student "
+    "(precision: fp16 or int8 does not help: those bundles are converted from this export)"
 )
 
 
@@ -139,23 +147,26 @@ def example_inputs(names: tuple[str, ...], batch: int = 2, length: int = 11) -> 
 
 def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
     """Export with dynamic `batch` and `sequence` axes, then run `onnx.checker` and check the graph takes every input
-    of `source`."""
+    of `source`. A write that fills the disk or reaches the file size limit raises `common.atomic`'s errors."""
     inputs = example_inputs(source.inputs)
     axes = {name: {0: "batch", 1: "sequence"} for name in source.inputs} | {"logits": {0: "batch"}}
     with torch.no_grad(), warnings.catch_warnings():
         for category, message, module in ANSWERED_BY_CHECKS:
             warnings.filterwarnings("ignore", message, category, module)
         try:
-            torch.onnx.export(
-                source.module,
-                tuple(inputs.values()),
-                str(path),
-                input_names=list(source.inputs),
-                output_names=["logits"],
-                dynamic_axes=axes,
-                opset_version=opset,
-                dynamo=False,
-            )
+            with space_checked(path, path.name):
+                torch.onnx.export(
+                    source.module,
+                    tuple(inputs.values()),
+                    str(path),
+                    input_names=list(source.inputs),
+                    output_names=["logits"],
+                    dynamic_axes=axes,
+                    opset_version=opset,
+                    dynamo=False,
+                )
+        except OSError:  # a write that failed: no fault of the model's
+            raise
         except Exception as err:  # a model of one's own whose forward the tracer cannot follow
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             raise ExportError(
@@ -166,9 +177,7 @@ def export_onnx(source: Source, path: Path, opset: int) -> onnx.ModelProto:
     if size > onnx.checker.MAXIMUM_PROTOBUF:  # the exporter spilled the weights into external data files
         raise ExportError(
             f"{source.arch}: the exported graph is {size / 2**30:.2f} GiB, over the 2 GiB one ONNX file holds, and a "
-            "bundle ships its model as one file: export a smaller model, a smaller teacher (model.init, e.g. a "
-            "base-size checkpoint for a large one) or student (precision: fp16 or int8 does not help: those bundles "
-            "are converted from this export)"
+            f"bundle ships its model as one file: {getattr(source.module, 'smaller_export', SMALLER_EXPORT)}"
         )
     model = onnx.load(str(path))
     try:

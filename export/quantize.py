@@ -73,8 +73,8 @@ def _typed(src: Path, dst: Path) -> Path:
 
 
 def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list[str] | None = None) -> dict:
-    """Weights INT8, activations quantized on the fly: `op_types` (default: MatMul, Gemm, LSTM, Attention, Conv...).
-    Returns what was applied, for the manifest."""
+    """Weights INT8, activations quantized on the fly: `op_types` (default: every type ONNX Runtime quantizes,
+    `common.config.export.DYNAMIC_INT8_OPS`). Returns what was applied, for the manifest."""
     tmp = _clear_value_info(src, dst.with_name(dst.stem + ".pre.onnx"))
     with _without_preprocessing_advice():
         quantize_dynamic(

@@ -122,6 +122,11 @@ class BundleRecipe(Strict):
                 "smooth applies to dynamic INT8 of a fused graph in ONNX Runtime: it needs precision: int8, "
                 "quantization: dynamic, runtime: onnxruntime and fused: true"
             )
+        if self.smooth is not None and self.int8_ops is not None and "MatMul" not in self.int8_ops:
+            raise ValueError(
+                f"smooth would not apply: it smooths the inputs of MatMuls, and int8_ops {self.int8_ops} leaves every "
+                "MatMul in fp32 (remove smooth, or add MatMul to int8_ops)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -110,6 +110,11 @@ def test_smoothing_needs_dynamic_int8_of_a_fused_graph():
         load_recipe(SMOKE, {"export.bundles.teacher-fused.smooth": 0.85})
 
 
+def test_smoothing_is_refused_where_int8_ops_leaves_every_matmul_in_fp32():
+    with pytest.raises(ValueError, match=r"smooth would not apply.*remove smooth, or add MatMul to int8_ops"):
+        load_recipe(SMOKE, {"export.bundles.transformer-int8.int8_ops": ["Attention"]})
+
+
 def test_smoothed_int8_bundle_records_what_it_smoothed(smoke_bundles):
     # smooth: 0.85 on the one-layer Transformer: the embedding LayerNorm (read by Q/K/V), the attention block's
     # LayerNorm (the FFN's input) and the GELU (the FFN's output)

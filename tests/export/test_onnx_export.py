@@ -1,6 +1,7 @@
 """The example inputs that export traces and the shape checks feed: fixed per shape, masked unevenly; a student
 added as docs/extending.md says exports with them."""
 
+import re
 import warnings
 
 import numpy as np
@@ -8,11 +9,13 @@ import onnx
 import pytest
 import torch
 from edgedistill.common import manifest as mf
+from edgedistill.common.atomic import DiskFull
 from edgedistill.common.config.training import StudentConfig
 from edgedistill.common.runtime import open_runner
 from edgedistill.distill import heads
 from edgedistill.distill.students import build_student
 from edgedistill.distill.tokenization import train_tokenizer
+from edgedistill.export.fold import fold
 from edgedistill.export.onnx_export import (
     ExportError,
     Source,
@@ -156,6 +159,34 @@ def test_a_graph_over_what_one_onnx_file_holds_stops_the_export_with_its_size_an
     monkeypatch.setattr(onnx.checker, "MAXIMUM_PROTOBUF", 1000)  # this graph's bytes, and more, are over it
     with pytest.raises(ExportError, match=r"GiB, over the 2 GiB one ONNX file holds.*a smaller teacher \(model.init"):
         export_onnx(source, tmp_path / "model.onnx", opset=17)
+
+
+def folded_cnn(tmp_path, half: bool) -> Source:
+    """A small CNN student folded as `fold: true` exports it, its table in fp16 where `half`."""
+    cnn = build_student(StudentConfig(arch="cnn", vocab_size=100, embed_dim=8, num_filters=4, max_length=64))
+    return Source(fold(cnn.eval(), half=half), heads.TOKEN_INPUTS[:2], "cnn", tmp_path)
+
+
+def test_a_folded_cnn_over_what_one_onnx_file_holds_names_precision_fp16_which_halves_its_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(onnx.checker, "MAXIMUM_PROTOBUF", 1000)
+    with pytest.raises(ExportError, match=r"the folded table, .* is most of it: precision: fp16 \(halves it"):
+        export_onnx(folded_cnn(tmp_path, half=False), tmp_path / "model.onnx", opset=17)
+
+
+def test_a_folded_cnn_whose_table_is_fp16_already_over_what_one_onnx_file_holds_names_fold_false_first(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(onnx.checker, "MAXIMUM_PROTOBUF", 1000)
+    with pytest.raises(ExportError, match=r"the folded table, .* is most of it: fold: false, or a student of fewer"):
+        export_onnx(folded_cnn(tmp_path, half=True), tmp_path / "model.onnx", opset=17)
+
+
+def test_an_export_that_fills_the_disk_says_so_naming_the_folder_not_the_model(small_fs):
+    # 20,000 x 64 fp32 embeddings: 5 MiB, over the 3 MiB device
+    cnn = build_student(StudentConfig(arch="cnn", vocab_size=20_000, embed_dim=64, num_filters=4, max_length=64))
+    source = Source(cnn.eval(), heads.TOKEN_INPUTS[:2], "cnn", small_fs)
+    with pytest.raises(DiskFull, match=rf"no space left on the device of {re.escape(str(small_fs))} \(writing model"):
+        export_onnx(source, small_fs / "model.onnx", opset=17)
 
 
 def test_the_exported_size_counts_the_external_data_files_of_the_weights(tmp_path):
