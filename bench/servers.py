@@ -7,9 +7,10 @@ against it measures gRPC and the client alone. With
 loop, and nothing else (no batcher, limits, request ids, metrics or logs), so it shows the ceiling
 of any server that runs this model on its event loop; its session takes the server's `EDGEDISTILL_*` session
 settings (`bench.peers.model`). Both have the real server's health
-service and message limits, and stop on SIGTERM/SIGINT.
+service and limit on the messages they receive (`EDGEDISTILL_MAX_MESSAGE_BYTES`), and stop on SIGTERM/SIGINT.
 """
 
+import argparse
 import asyncio
 import signal
 import sys
@@ -20,10 +21,12 @@ import numpy as np
 from edgedistill.bench.peers.model import BundleClassifier
 from edgedistill.common.arguments import ArgumentParser
 from edgedistill.common.cascade import ServedModels
+from edgedistill.common.manifest import ArtifactError
 from edgedistill.common.processes import python_module
+from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.host import Scores
 from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc, kserve_pb2, kserve_pb2_grpc
-from edgedistill.serve.settings import Settings
+from edgedistill.serve.settings import SettingsError, load_settings
 from edgedistill.serve.transport import classify_response
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -82,16 +85,11 @@ async def create_baseline_server(
     host: str, port: int, bundle: Path | None = None, threads: int = 1
 ) -> tuple[grpc.aio.Server, int]:
     """A started echo server (the bare server with `bundle`) reporting SERVING, bound to `host:port` (0: any
-    free port)."""
+    free port), receiving messages of up to this environment's MAX_MESSAGE_BYTES and sending any, as the server
+    does."""
     servicer = EchoClassifier() if bundle is None else BareClassifier(bundle, threads)
-    limit = Settings.model_fields["max_message_bytes"].default
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_send_message_length", limit),
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.so_reuseport", 0),
-        ]
-    )
+    limit = load_settings([], flags_taken=False).max_message_bytes
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)])
     classifier_pb2_grpc.add_ClassifierServicer_to_server(servicer, server)
     if bundle is None:
         kserve_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(EchoInference(), server)
@@ -127,26 +125,39 @@ def command(port: int, bundle: Path | None = None, threads: int = 1) -> list[str
     )
 
 
+def threads_count(value: str) -> int:
+    """A `--threads` argument: a count of intra-op threads, 0 for ONNX Runtime's default."""
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (ONNX Runtime's default) or more, got {number}")
+    return number
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m bench.servers", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=50052, help="gRPC port, 0: any free port (default 50052)")
     parser.add_argument("--bundle", type=Path, help="serve this bundle bare instead of echoing")
     parser.add_argument(
-        "--threads", type=int, help="intra-op threads of the bare server (default 1; none for a TensorRT engine)"
+        "--threads",
+        type=threads_count,
+        help="intra-op threads of the bare server (default 1; 0: ONNX Runtime's default; none for a TensorRT engine)",
     )
     args = parser.parse_args(argv)
     if args.threads is not None and args.bundle is None:
         parser.error(
             "--threads sets the bare server's threads: give --bundle, or drop --threads (the echo server runs no model)"
         )
-    if args.threads and not ServedModels.read(args.bundle).onnx_runtime:  # 0, ONNX Runtime's default, asks for nothing
-        parser.error(
-            f"{args.bundle} is a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
-            "--threads, ONNX Runtime's intra-op threads, would do nothing; drop it, or give an ONNX bundle (runtime "
-            "'onnxruntime')"
-        )
-    asyncio.run(serve(args.host, args.port, args.bundle, 1 if args.threads is None else args.threads))
+    try:
+        if args.threads and not ServedModels.read(args.bundle).onnx_runtime:  # 0, the default, asks for nothing
+            parser.error(
+                f"{args.bundle} is a TensorRT engine (runtime 'tensorrt'), which runs on its GPU without ONNX Runtime: "
+                "--threads, ONNX Runtime's intra-op threads, would do nothing; drop it, or give an ONNX bundle "
+                "(runtime 'onnxruntime')"
+            )
+        asyncio.run(serve(args.host, args.port, args.bundle, 1 if args.threads is None else args.threads))
+    except (ArtifactError, SettingsError, BundleRejected) as err:  # a bundle or setting it cannot serve, at start
+        parser.error(str(err))
     return 0
 
 

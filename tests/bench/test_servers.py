@@ -38,6 +38,33 @@ def test_echo_server_answers_classify_and_health():
     assert status.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def echo_classify(request: pb.ClassifyRequest) -> pb.ClassifyResponse:
+    """`Classify` of `request` on an echo server started here, in this environment."""
+
+    async def exercise():
+        server, port = await create_baseline_server("127.0.0.1", 0)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                return await classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=10)
+        finally:
+            await server.stop(None)
+
+    return asyncio.run(exercise())
+
+
+def test_the_echo_server_refuses_a_message_over_the_environments_max_message_bytes(monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_MAX_MESSAGE_BYTES", "4096")
+    with pytest.raises(grpc.RpcError) as refused:
+        echo_classify(pb.ClassifyRequest(texts=["a fine film"] * 500))  # 6.5 KB
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_the_echo_server_sends_a_reply_over_any_message_limit(monkeypatch):
+    monkeypatch.delenv("EDGEDISTILL_MAX_MESSAGE_BYTES", raising=False)
+    reply = echo_classify(pb.ClassifyRequest(texts=["a"] * 40_000))  # 120 KB, answered with 1.6 MB: over the 1 MiB
+    assert len(reply.predictions) == 40_000
+
+
 def test_bare_server_answers_as_the_server_does(bundle):
     texts = ["a great movie", "the plot was dull and boring", "fun"]
     server = RunningServer(settings_for(bundle))
@@ -113,3 +140,29 @@ def test_threads_on_a_tensorrt_engine_are_refused_saying_why(served_with, tmp_pa
 def test_the_bare_server_takes_one_thread_unless_told(served_with, tmp_path):
     servers.main(["--port", "0", "--bundle", str(tmp_path)])
     assert served_with == [("127.0.0.1", 0, tmp_path, 1)]
+
+
+def test_a_bundle_that_does_not_exist_is_refused_by_the_parser(tmp_path):
+    with pytest.raises(SystemExit) as exited:
+        servers.main(["--port", "0", "--bundle", str(tmp_path / "none")])
+    assert exited.value.code == 2
+
+
+def test_a_file_given_as_the_bundle_is_refused_naming_its_folder(tmp_path, capsys):
+    (tmp_path / "model.onnx").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        servers.main(["--port", "0", "--bundle", str(tmp_path / "model.onnx")])
+    assert f"is a file, not an artifact folder: give its folder, {tmp_path}" in capsys.readouterr().err
+
+
+def test_negative_threads_are_refused_by_the_parser(served_with, bundle):
+    with pytest.raises(SystemExit) as exited:
+        servers.main(["--port", "0", "--bundle", str(bundle), "--threads", "-3"])
+    assert exited.value.code == 2
+
+
+def test_a_setting_the_bare_server_cannot_use_is_refused_by_the_parser(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_SPIN", "sometimes")
+    with pytest.raises(SystemExit) as exited:
+        servers.main(["--port", "0", "--bundle", str(bundle)])
+    assert exited.value.code == 2
