@@ -24,6 +24,9 @@ PORT_VARIABLES = (env_name("metrics_host"), env_name("metrics_port"), env_name("
 # A deployed cascade's overload policy, which a server of a single bundle refuses as doing nothing: left out of the
 # environment of a measured single bundle (a cascade's last member alone, a student measured beside it)
 CASCADE_VARIABLES = (env_name("cascade_overload"),)
+# A supervisor's deadline for its workers' start, which an operator of several workers on a GPU exports and a server of
+# one process refuses as doing nothing: left out of the environment of a measured server of one process
+SUPERVISOR_VARIABLES = (env_name("start_timeout_s"),)
 
 
 def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str, ...] = PORT_VARIABLES) -> dict:
@@ -36,12 +39,18 @@ def server_environ(environ: Mapping[str, str] | None = None, left_out: tuple[str
     }
 
 
+def flag_value(command: list[str], flag: str) -> str | None:
+    """The value `command` gives `flag`, or None where it does not give it."""
+    return command[command.index(flag) + 1] if flag in command else None
+
+
 def left_out_of(command: list[str]) -> tuple[str, ...]:
-    """The variables a measured server's `command` runs without: `PORT_VARIABLES`, and `CASCADE_VARIABLES` where
-    its `--bundle` (`serve_flags`) is a single bundle."""
-    bundle = command[command.index("--bundle") + 1] if "--bundle" in command else None
+    """The variables a measured server's `command` runs without: `PORT_VARIABLES`, `CASCADE_VARIABLES` where its
+    `--bundle` (`serve_flags`) is a single bundle, and `SUPERVISOR_VARIABLES` where its `--workers` is 1."""
+    bundle = flag_value(command, "--bundle")
     single = bundle is not None and not is_cascade(bundle)
-    return PORT_VARIABLES + (CASCADE_VARIABLES if single else ())
+    one_process = flag_value(command, "--workers") == "1"
+    return PORT_VARIABLES + (CASCADE_VARIABLES if single else ()) + (SUPERVISOR_VARIABLES if one_process else ())
 
 
 def measured_settings(flags: list[str]) -> Settings:
@@ -69,6 +78,13 @@ def say_left_out(names: tuple[str, ...]) -> None:
         print(
             f"[bench] {', '.join(cascade)} left out of the environment of the single bundles measured here, which "
             "take no cascade setting; a cascade runs with it, as the one you deploy does",
+            file=sys.stderr,
+        )
+    if supervisor := [name for name in new if name in SUPERVISOR_VARIABLES]:
+        print(
+            f"[bench] {', '.join(supervisor)} left out of the environment of the one-process servers measured here, "
+            "which have no supervisor to time their start; servers of several workers run with it, as the one you "
+            "deploy does",
             file=sys.stderr,
         )
 

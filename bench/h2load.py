@@ -32,7 +32,7 @@ import psutil
 from edgedistill.bench import BenchError
 from edgedistill.bench.drivers import rotated
 from edgedistill.bench.processes import cpu_seconds, held, release
-from edgedistill.bench.stats import percentiles
+from edgedistill.bench.stats import percentiles, require_answered, summarize
 from edgedistill.bench.tables import record_line
 from edgedistill.common import progress
 from edgedistill.serve.settings import DIRECT
@@ -240,8 +240,7 @@ def run(port: int, request: Path, replies: Replies, load: Load, log: Path, serve
     summary = {figure: sum(p[figure] for p in parts) for figure in SUMMARY}
     if not summary["done"]:  # nothing to time: a server that stopped, or took no connection
         raise BenchError(
-            f"h2load finished no call to port {port} in {load.duration_s:g} s: the server there answered none "
-            "(see its log; is it still running?)"
+            f"h2load finished no call to port {port} in {load.duration_s:g} s: the server there answered none"
         )
     ok = replies.count(summary)
     ms = np.concatenate([latencies_ms(part_log) for part_log in logs])
@@ -274,9 +273,7 @@ def server_seconds(port: int, tree: list[psutil.Process]) -> float:
     try:
         return sum(cpu_seconds(process) for process in tree)
     except psutil.NoSuchProcess as gone:
-        raise BenchError(
-            f"process {gone.pid} of the server on port {port} exited during the run; see the server's log"
-        ) from None
+        raise BenchError(f"process {gone.pid} of the server on port {port} exited during the run") from None
 
 
 @dataclass(frozen=True)
@@ -294,7 +291,9 @@ class Target:
 def interleaved(targets: dict[str, Target], repeats: int, work: Path, desc: str) -> dict[str, list[dict]]:
     """Every phase of every target `repeats` times, the targets in an order rotated by one each repeat so that none
     always runs first, each finished phase reported as progress; the records by '<target> <phase>'. The
-    per-request logs go to `work` and are removed once read."""
+    per-request logs go to `work` and are removed once read. `BenchError` where no call of a phase's median repeat
+    succeeded (`require_answered`), raised while the servers run, so that their logs are quoted
+    (`bench.processes.serving`)."""
     order = list(targets)
     runs: dict[str, list[dict]] = {f"{name} {phase}": [] for name in order for phase in targets[name].loads}
     bar = progress.bar(len(runs) * repeats, desc=desc, unit="phase")
@@ -309,4 +308,5 @@ def interleaved(targets: dict[str, Target], repeats: int, work: Path, desc: str)
     bar.close()
     for log in work.glob("h2load.log*"):
         log.unlink()
+    require_answered({key: summarize(records) for key, records in runs.items()})
     return runs

@@ -101,7 +101,8 @@ def serving(
     """`command` (in `env`, default this environment, less the variables it runs without: `left_out_of`) with its
     output in `log`, ready (`ready`) on loopback `port`; stopped with SIGTERM after the block. `BenchError` when it
     exited before that (also where the block failed, as its calls to a dead server do), and with `clean_exit`, when it
-    does not exit with status 0."""
+    does not exit with status 0. A `BenchError` of the block (calls that failed) is raised with the tail of `log`
+    added, which says why: a failed measurement removes its work folder, and the log with it."""
     name = command[command.index("-m") + 1] if "-m" in command[1:3] else Path(command[0]).name  # python [-P] -m
     environ = os.environ if env is None else env
     left_out = left_out_of(command)
@@ -121,6 +122,8 @@ def serving(
         except Exception as err:
             if process.poll() is not None:  # the cause of the block's failure
                 raise died() from err
+            if isinstance(err, BenchError):
+                raise BenchError(f"{err}\n{name}'s log ({log.name}) ends:\n{log_tail(log)}") from err
             raise
     finally:
         exited = process.poll()

@@ -12,7 +12,8 @@ Each repeat measures, in an order rotated by one phase each repeat (`bench.drive
 - capacity: single-text calls with `concurrency` in flight, unpaced, against the server, the echo server and
   the bare server (the bundle's tokenizer and backend on the event loop, nothing else: the ceiling of any
   server that runs this model on its event loop);
-- batched: 32-text calls, BATCH_CONCURRENCY in flight, against the server;
+- batched: 32-text calls, BATCH_CONCURRENCY in flight, against the server (a `MAX_TEXTS` below 32, which would
+  refuse them all, is refused before anything starts);
 - raw: the bundle's backend in this process (same thread count) on the same texts, tokenized and padded
   into batches of 32: the throughput the server's batched path is compared with.
 
@@ -63,7 +64,7 @@ from edgedistill.serve.batching import pad_rows
 from edgedistill.serve.encoding import TextEncoder
 from edgedistill.serve.errors import UnreadableText
 from edgedistill.serve.proto import classifier_pb2
-from edgedistill.serve.settings import Settings
+from edgedistill.serve.settings import Settings, env_name
 from edgedistill.serve.textfiles import numbered_lines, numbered_pairs
 from edgedistill.serve.workers import intra_op_threads
 
@@ -235,7 +236,14 @@ def stage(
 ) -> Stage:
     """`runs/<recipe>/serve-bench-<bundle>/`: `bundle_folder` measured behind the server against the recipe's
     targets; current while the settings, the dev split, the bundle, the texts and the server's settings are
-    unchanged."""
+    unchanged. `BenchError` where the server's MAX_TEXTS is below the batched phase's BATCH texts, whose every call
+    it would refuse."""
+    server = served_settings(bundle_folder, recipe.bench.serving.threads)
+    if server["max_texts"] < BATCH:
+        raise BenchError(
+            f"{env_name('max_texts')}={server['max_texts']}: the server would refuse every call of the batched phase, "
+            f"of {BATCH} texts (RESOURCE_EXHAUSTED); unset it, or set it to {BATCH} or more, to measure"
+        )
     return Stage(
         measured.of_bundle(STAGE, bundle_folder, run_dir(recipe)),
         recipe,
@@ -245,7 +253,7 @@ def stage(
         extra={
             "texts": None if texts_file is None else hashed_path(texts_file),
             "pairs": None if pairs_file is None else pairs_file.hashed(),
-            "server": served_settings(bundle_folder, recipe.bench.serving.threads),
+            "server": server,
         },
     )
 

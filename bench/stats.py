@@ -76,6 +76,6 @@ def require_answered(summary: dict[str, dict[str, Spread]]) -> None:
     rates = {side: figures.get("requests_per_s") for side, figures in summary.items()}
     if silent := [side for side, rate in rates.items() if rate is not None and rate.median == 0]:
         raise BenchError(
-            f"no call succeeded in the median repeat of {', '.join(silent)}: nothing to compare (the failed calls' "
-            "statuses are in h2load's output above; see the server's log)"
+            f"no call succeeded in the median repeat of {', '.join(silent)}: nothing to compare (h2load sees a "
+            "failed gRPC call as HTTP 200, without its status: the server's log gives it)"
         )

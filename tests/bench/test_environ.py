@@ -127,6 +127,21 @@ def test_a_measured_cascade_runs_with_its_overload_setting(tmp_path):
     assert environ.CASCADE_VARIABLES[0] not in environ.left_out_of(flags)
 
 
+def test_a_measured_server_of_one_process_runs_without_a_supervisors_start_timeout(bundle):
+    assert "EDGEDISTILL_START_TIMEOUT_S" in environ.left_out_of(environ.serve_flags(bundle, 0, 1, workers=1))
+
+
+def test_a_measured_server_of_several_workers_runs_with_its_supervisors_start_timeout(bundle):
+    assert "EDGEDISTILL_START_TIMEOUT_S" not in environ.left_out_of(environ.serve_flags(bundle, 0, 1, workers=2))
+
+
+def test_a_start_timeout_is_said_to_be_left_out_of_the_servers_of_one_process(operators_metrics, capsys):
+    environ.say_left_out(("EDGEDISTILL_START_TIMEOUT_S",))
+    assert "EDGEDISTILL_START_TIMEOUT_S left out of the environment of the one-process servers measured here" in (
+        capsys.readouterr().err
+    )
+
+
 def test_a_measured_server_runs_with_the_operators_other_settings(bundle, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_MAX_QUEUED", "64")
     left_out = environ.left_out_of(environ.serve_flags(bundle, 0, 1))

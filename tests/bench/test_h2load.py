@@ -15,9 +15,10 @@ import psutil
 import pytest
 from edgedistill.bench import BenchError, h2load, slo
 from edgedistill.bench.calls import ABSENT_MODEL, infer_request
+from edgedistill.bench.environ import measured_server
 from edgedistill.bench.peers import launch
 from edgedistill.bench.ports import free_port
-from edgedistill.bench.processes import serving
+from edgedistill.bench.processes import running, serving
 
 from tests.conftest import gone
 
@@ -302,3 +303,18 @@ def test_a_server_process_that_exits_during_a_run_is_a_bench_error_naming_the_se
         monkeypatch.setattr(h2load, "release", killing_a_worker)
         with pytest.raises(BenchError, match=f"process {worker.pid} of the server on port {server.port} exited"):
             h2load.run(server.port, path, replies, h2load.Load(2, 2, 0.5), tmp_path / "h2load.log", process)
+
+
+@needs_h2load
+def test_a_phase_whose_every_call_failed_is_refused_quoting_the_servers_log_of_their_status(tmp_path, bundle):
+    flags, settings = measured_server(bundle, 1)
+    port = settings.port
+    failed = pytest.raises(
+        BenchError, match=r'(?s)no call succeeded in the median repeat of server capacity.*"NOT_FOUND"'
+    )
+    with failed, running("edgedistill.serve", flags, port, tmp_path / "server.log") as process:
+        good = h2load.probe(port, infer_request("tiny-sentiment", "a fine film", None))
+        body, path = write_request(tmp_path, ABSENT_MODEL)  # each call NOT_FOUND, which h2load counts as HTTP 200
+        replies = h2load.Replies.measure(port, good, body, tmp_path)
+        target = h2load.Target(port, path, replies, process, {"capacity": h2load.Load(1, 2, 0.3)})
+        h2load.interleaved({"server": target}, 1, tmp_path, "test")

@@ -52,6 +52,15 @@ def test_a_server_that_dies_in_use_is_reported_as_such_where_the_block_fails_on_
         raise BenchError("no call succeeded; failures by status: {'UNAVAILABLE': 3}")
 
 
+def test_a_measurement_that_fails_while_the_server_runs_quotes_its_log(tmp_path):
+    port = free_port()
+    failed = pytest.raises(
+        BenchError, match=rf"(?s)^no call succeeded.*servers's log \(echo.log\) ends:\necho server on port {port}"
+    )
+    with failed, running("edgedistill.bench.servers", ["--port", str(port)], port, tmp_path / "echo.log"):
+        raise BenchError("no call succeeded; failures by status: {'UNAVAILABLE': 3}")
+
+
 def test_finish_kills_a_process_that_hangs(tmp_path):
     process = start([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "sleep.log")
     assert finish(process, 0.5) is None
@@ -153,6 +162,13 @@ def test_a_started_child_keeps_the_pid_it_was_started_with(tmp_path):
 
 def test_a_measured_server_starts_where_the_operator_exports_metrics_host(bundle, monkeypatch, tmp_path):
     monkeypatch.setenv("EDGEDISTILL_METRICS_HOST", "0.0.0.0")  # with the measurement's metrics off: refused by serve
+    flags, settings = measured_server(bundle, 1)
+    with running("edgedistill.serve", flags, settings.port, tmp_path / "server.log") as process:
+        assert process.is_running()
+
+
+def test_a_measured_server_starts_where_the_operator_exports_a_start_timeout(bundle, monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEDISTILL_START_TIMEOUT_S", "600")  # a supervisor's: refused by serve for one process
     flags, settings = measured_server(bundle, 1)
     with running("edgedistill.serve", flags, settings.port, tmp_path / "server.log") as process:
         assert process.is_running()

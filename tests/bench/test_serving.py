@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from edgedistill.bench import accuracy, cascade, scaling, serving
+from edgedistill.bench import BenchError, accuracy, cascade, scaling, serving
 from edgedistill.bench.__main__ import main
 from edgedistill.bench.peers import compare
 from edgedistill.bench.records import ServingResult
@@ -456,3 +456,9 @@ def test_a_ratio_target_is_written_with_every_digit_the_recipe_gave():
     runs = {phase: [{"texts_per_s": 100.0}] for phase in serving.PHASES} | {"paced": [paced_repeat(0)]}
     _, targets = serving.evaluate(runs, ServingBenchConfig(min_capacity_vs_echo=0.805))
     assert {t["name"]: t["limit"] for t in targets}["capacity, server / echo"] == ">= 0.805"
+
+
+def test_a_max_texts_below_the_batched_phases_calls_is_refused_before_the_measurement(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_MAX_TEXTS", str(serving.BATCH - 1))  # the server would refuse every batched call
+    with pytest.raises(BenchError, match=f"EDGEDISTILL_MAX_TEXTS={serving.BATCH - 1}: the server would refuse every"):
+        serving.stage(load_recipe(SMOKE), bundle)

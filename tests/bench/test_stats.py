@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
+from edgedistill.bench import BenchError
 from edgedistill.bench.records import Spread
-from edgedistill.bench.stats import call_stats, percentiles, pooled, summarize
+from edgedistill.bench.stats import call_stats, percentiles, pooled, require_answered, summarize
 
 
 def test_call_stats_count_failures_but_time_only_successes():
@@ -58,3 +59,11 @@ def test_rate_share_is_of_the_calls_offered_not_of_the_seconds_run():
 def test_pooled_error_rate_is_of_the_calls_of_every_repeat():
     repeats = [{"requests": 100, "failures": 0}, {"requests": 100, "failures": 10}]
     assert pooled(repeats)["error_rate"] == 0.05
+
+
+def test_a_side_whose_every_call_failed_is_refused_saying_the_servers_log_gives_the_status():
+    silent = {"server capacity": {"requests_per_s": Spread.of([0.0])}}
+    with pytest.raises(
+        BenchError, match=r"h2load sees a failed gRPC call as HTTP 200, without its status: the server's"
+    ):
+        require_answered(silent)
