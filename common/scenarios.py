@@ -16,7 +16,7 @@ def parse_scenarios(text: str, given_as: str = "--scenarios") -> dict[str, int]:
     weights = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, weight = part.partition("=")
-        if name not in known or not weight.isdigit():
+        if name not in known or not (weight.isascii() and weight.isdigit()):  # isdigit() alone takes '²'
             raise ValueError(f"{given_as}: scenario weight {part!r}: want NAME=INT with NAME one of {', '.join(known)}")
         if name in weights:
             raise ValueError(f"{given_as}: scenario {name} is given twice ({text!r}): give each once")

@@ -17,6 +17,12 @@ def test_a_malformed_scenario_weight_is_refused_naming_the_form_it_wants(bad):
         scenarios.parse_scenarios(bad)
 
 
+@pytest.mark.parametrize("bad", ["single=\u00b2", "single=\u0663"], ids=["superscript-two", "arabic-indic-three"])
+def test_a_weight_of_digits_outside_ascii_is_refused_naming_the_form_it_wants(bad):
+    with pytest.raises(ValueError, match=rf"^--scenarios: scenario weight '{bad}': want NAME=INT"):
+        scenarios.parse_scenarios(bad)
+
+
 def test_scenario_weights_all_zero_are_refused_asking_for_one_above_zero():
     with pytest.raises(ValueError, match=r"^--scenarios: scenarios 'single=0': give at least one a weight above 0$"):
         scenarios.parse_scenarios("single=0")
