@@ -258,8 +258,11 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             within = "none" if capacity is None else f"{capacity['requests_per_s']:.0f} calls/s"
             figure = f"capacity within the SLO {within}"
         else:  # the SLO reads the p99 from each call's due time; the one from the send leaves out a stall's wait
-            # the one from the send counts sent calls alone: none where every call sent failed and others were not sent
-            due, sent = (("-" if ms is None else f"{ms:.2f}") for ms in (overall["p99_from_due_ms"], overall["p99_ms"]))
+            # the one from the send counts sent calls alone: none where every call sent failed and others were not sent;
+            # a result written before calls were timed from their due time has no such figure
+            due, sent = (
+                ("-" if ms is None else f"{ms:.2f}") for ms in (overall.get("p99_from_due_ms"), overall["p99_ms"])
+            )
             figure = "p99 - ms" if due == "-" else f"p99 {due} ms from the due time ({sent} from the send)"
         lines.append(
             f"load test {result['profile']}{' against the echo server' if result.get('echo') else ''}: "

@@ -415,17 +415,16 @@ def _number(value, spec: str) -> str | None:
     return None if value is None else format(value, spec)
 
 
-LOADTEST_FIGURES = {  # a load test's overall figure -> its format in the report's table, beside the SLO it reads
-    "failures": ",d",
-    "requests_per_s": ".1f",
+LOADTEST_FORMATS = {  # a load test's figure -> its format in the report's table of its overall figures
+    **dict.fromkeys(("offered_rate", "requests_per_s"), ".1f"),
     **dict.fromkeys(
         ("p50_ms", "p95_ms", "p99_ms", "max_ms", "p50_from_due_ms", "p95_from_due_ms", "p99_from_due_ms"), ".2f"
     ),
-    "late_calls": ",d",
-    "unsent_calls": ",d",
-    "server_cpu_pct": ".0f",
-    "locust_cpu_pct": ".0f",
+    **dict.fromkeys(("late_calls", "failures", "unsent_calls"), ",d"),
+    **dict.fromkeys(("locust_cpu_pct", "server_cpu_pct"), ".0f"),
 }
+# the columns of the load test's own tables (summary.md, the console), in their order, less the stages' users
+LOADTEST_FIGURES = [key for key in loadtest_result.COLUMNS if key != "users"]
 
 
 def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
@@ -445,7 +444,7 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
         page.table(
             ["requests", *(loadtest_result.COLUMNS[key] for key in LOADTEST_FIGURES)],
             # a result written before calls were timed from their due time has no such figures: "-"
-            [[overall["requests"], *(_number(overall.get(key), spec) for key, spec in LOADTEST_FIGURES.items())]],
+            [[overall["requests"], *(_number(overall.get(key), LOADTEST_FORMATS[key]) for key in LOADTEST_FIGURES)]],
         )
         page.note(loadtest_result.READING)
         # The load test's own rows, so that the report and its summary.md write each measured figure alike

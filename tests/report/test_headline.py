@@ -340,6 +340,14 @@ def test_a_load_test_line_of_no_call_sent_that_succeeded_gives_the_p99_from_the_
     assert "p99 800.00 ms from the due time (- from the send)" in headline.headline(recipe, "recipes/smoke.yaml")[0]
 
 
+def test_a_load_test_line_of_a_result_written_before_calls_were_timed_from_their_due_time_gives_a_dash(recipe):
+    overall = {"requests": 1000, "failures": 0, "p99_ms": 2.77}
+    folder = run_dir(recipe) / "loadtest-steady-bilstm-int8"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"profile": "steady", "overall": overall, "passed": True}))
+    assert "1000 calls, p99 - ms, 0 failures" in headline.headline(recipe, "recipes/smoke.yaml")[0]
+
+
 @pytest.mark.parametrize("folder", ["loadtest-steady-cnn-int8", "loadtest-steady"])
 def test_no_load_test_line_comes_from_a_bundle_not_deployed_or_an_older_releases_folder(recipe, folder):
     result = {"profile": "steady", "overall": {"requests": 10, "failures": 0, "p99_ms": 2.5}, "passed": True}

@@ -735,6 +735,18 @@ def test_load_test_section_shows_the_p99_from_the_send_beside_it(tmp_path):
     assert overall_figures(late_loadtest_page(tmp_path))["p99 ms"] == "2.00"
 
 
+def test_load_test_section_shows_the_columns_of_the_load_tests_own_summary_in_their_order(tmp_path):
+    page = loadtest_page(tmp_path, [])
+    summary = (tmp_path / LOADTEST_STEADY / loadtest_result.TABLES_FILE).read_text().splitlines()
+    header = [cell.strip() for cell in next(line for line in summary if line.startswith("| stage |")).split("|")]
+    assert list(overall_figures(page)) == ["requests", *(cell for cell in header if cell not in ("", "stage", "users"))]
+
+
+def test_load_test_section_shows_the_offered_rate_the_rate_share_is_measured_against(tmp_path):
+    page = loadtest_page(tmp_path, [], figures={"offered_rate": 0.4})
+    assert overall_figures(page)["offered/s"] == "0.4"
+
+
 def test_load_test_section_gives_the_calls_due_that_were_never_sent(tmp_path):
     check = {"name": "rate_share", "measured": 0.9, "limit": ">= 0.95", "passed": False}
     page = loadtest_page(tmp_path, [check], figures={"unsent_calls": 12})
