@@ -67,8 +67,7 @@ def stages(settings: ConstantLoad | StepLoad | SpikeLoad) -> list[Stage]:
         spans = [("constant", settings.duration_s, settings.users)]
     out, start = [], 0.0
     for name, seconds, users in spans:
-        # to the nanosecond: summed floats drift (10 steps of 1.3 s end at 13.000000000000002, a 14th second)
-        end = round(start + seconds, 9)
+        end = start + seconds
         out.append(Stage(name=name, start_s=start, end_s=end, users=users, offered_rate=users * settings.user_rate))
         start = end
     return out
@@ -85,9 +84,16 @@ def current() -> Plan:
         )
     folder = Path(path).parent
     loaded = Plan.model_validate_json(Path(path).read_text(encoding="utf-8"))
-    # the plan of a finished run (its folder published, every file hashed), which locust run on its own reads: its
-    # samples go to the working folder, where they would have replaced the run's own
-    samples = Path.cwd() / loaded.samples if (folder / MANIFEST).is_file() else folder / loaded.samples
+    samples = folder / loaded.samples
+    if (folder / MANIFEST).is_file():
+        # the plan of a finished run (its folder published, every file hashed), which locust run on its own reads: its
+        # samples go to the working folder, where they cannot replace the run's own, unless that is the run's folder
+        samples, own = Path.cwd() / loaded.samples, samples
+        if samples.resolve() == own.resolve():
+            raise RuntimeError(
+                f"locust run in {folder} on the plan of its finished run would replace the run's {loaded.samples}, "
+                f"which its manifest hashes: run locust from another folder, where it writes its own"
+            )
     return loaded.model_copy(
         update={
             "texts": folder / loaded.texts,

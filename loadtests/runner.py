@@ -37,7 +37,6 @@ from edgedistill.loadtests import result as rs
 from edgedistill.loadtests.analysis import Resources, Samples
 from edgedistill.loadtests.plan import PLAN_VAR, Plan
 from edgedistill.loadtests.recorder import SAMPLES_FILE
-from edgedistill.serve.settings import Settings
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"  # package data, beside this module
 SAMPLE_S = 0.5
@@ -81,14 +80,6 @@ class Sampler(threading.Thread):
         self._done.set()
         self.join()
         return self.rows
-
-
-def server_flags(bundle: Path, cfg: LoadtestConfig) -> tuple[list[str], Settings]:
-    """Flags for `python -m serve` and the settings they give together with `EDGEDISTILL_*` variables."""
-    flags, settings = measured_server(bundle, cfg.threads)  # the sampler watches one server process
-    if cfg.batch_size > settings.max_texts:
-        raise LoadtestError(f"loadtest.batch_size={cfg.batch_size} exceeds the server's max_texts={settings.max_texts}")
-    return flags, settings
 
 
 def locust_environ(folder: Path) -> dict[str, str]:
@@ -175,6 +166,11 @@ def stage(
     if not echo and folder == measured.echo_loadtest(profile):
         raise LoadtestError(f"{bundle}: its load test would share the echo server's folder {folder}: rename the bundle")
     server = served_settings(bundle, cfg.threads)  # what a measured server refuses, refused here, current or not
+    if scenarios.get("batch") and cfg.batch_size > server["max_texts"]:  # the one scenario sending several texts
+        raise LoadtestError(
+            f"loadtest.batch_size={cfg.batch_size} exceeds the server's max_texts={server['max_texts']}: lower it, "
+            "or give the batch scenario weight 0 (--scenarios)"
+        )
     if echo:  # not a parent, but its texts are of the bundle's kind: a finished one, as for the bundle's own test
         mf.load(bundle, verify=False)
     return Stage(
@@ -216,7 +212,7 @@ def _build(
     cfg = recipe.loadtest or LoadtestConfig()
     loaded = load_served(bundle)
     examples = load_texts(recipe.data, loaded.pairs, texts_file, pairs_file)
-    flags, settings = server_flags(bundle, cfg)
+    flags, settings = measured_server(bundle, cfg.threads)  # the sampler watches one server process
     work = inputs.fresh_work()
     plan = Plan(
         profile=profile,

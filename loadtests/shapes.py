@@ -2,8 +2,8 @@
 
 Each runs the stages `loadtests.plan.stages` gives for the plan's settings (see `common.config.measure`):
 smoke, steady and soak hold `users` for `duration_s`; step adds `step_users` every `step_s`; spike
-jumps from `users` to `spike_users` and back. Locust calls `tick` about once a second, so the settings refuse a stage
-shorter than that (`common.config.measure.SHAPE_TICK_S`).
+jumps from `users` to `spike_users` and back. Locust calls `tick` once a second, so the settings refuse a stage
+that is not a whole number of seconds (`common.config.measure.SHAPE_TICK_S`).
 
 Each change of users, up or down, comes in one batch: the plan counts a stage's calls as offered by all its users from
 the stage's start (`loadtests.plan.stages`), and a paced user's schedule starts when the user does, so users started

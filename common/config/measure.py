@@ -13,11 +13,23 @@ SHAPE_TICK_S = 1.0  # locust asks a load shape for its users about once a second
 
 
 def _lasts_a_tick(seconds: float, info: ValidationInfo) -> float:
-    """A stage of a load: one shorter than the shape's tick may never run, or run for the tick."""
+    """A load's length: one shorter than the shape's tick may never run, or run for the tick."""
     if seconds < SHAPE_TICK_S:
         raise ValueError(
             f"{info.field_name}={seconds:g} is shorter than the {SHAPE_TICK_S:g}-second tick at which locust changes "
             f"the users: a stage that short may never run; set {info.field_name} >= {SHAPE_TICK_S:g}"
+        )
+    return seconds
+
+
+def _whole_ticks(seconds: float, info: ValidationInfo) -> float:
+    """A stage after which the users change: locust changes them on the shape's tick alone, so a stage ending between
+    ticks would run on to the next, its calls counted in the stage after it."""
+    if _lasts_a_tick(seconds, info) % SHAPE_TICK_S:
+        raise ValueError(
+            f"{info.field_name}={seconds:g} is not a whole number of the {SHAPE_TICK_S:g}-second ticks at which "
+            f"locust changes the users: they would change at the next tick, and the calls between count in the wrong "
+            f"stage; set {info.field_name} to whole seconds"
         )
     return seconds
 
@@ -100,12 +112,12 @@ class StepLoad(LoadProfile):
     users: int = Field(10, ge=1, description="users in the first step")
     step_users: int = Field(10, ge=1)
     steps: int = Field(10, ge=1)
-    step_s: float = 10.0
+    step_s: float = Field(10.0, description="whole seconds per step, at least 1")
     settle_s: float = Field(2.0, ge=0, description="seconds at the start of each step left out of its figures")
     user_rate: float = Field(20.0, gt=0, description="calls/s per user")
     min_capacity_rps: float | None = Field(None, gt=0, description="fail the run when capacity is below this")
 
-    _stages_last_a_tick = field_validator("step_s")(_lasts_a_tick)
+    _stages_last_whole_ticks = field_validator("step_s")(_whole_ticks)
 
     @model_validator(mode="after")
     def _settles_within_step(self):
@@ -120,11 +132,11 @@ class SpikeLoad(LoadProfile):
     users: int = Field(10, ge=1)
     spike_users: int = Field(50, ge=1)
     user_rate: float = Field(20.0, gt=0, description="calls/s per user")
-    before_s: float = 20.0
-    spike_s: float = 10.0
-    after_s: float = 20.0
+    before_s: float = Field(20.0, description="whole seconds before the spike, at least 1")
+    spike_s: float = Field(10.0, description="whole seconds of the spike, at least 1")
+    after_s: float = Field(20.0, description="whole seconds after it, at least 1")
 
-    _stages_last_a_tick = field_validator("before_s", "spike_s", "after_s")(_lasts_a_tick)
+    _stages_last_whole_ticks = field_validator("before_s", "spike_s", "after_s")(_whole_ticks)
 
     @model_validator(mode="after")
     def _spikes(self):

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from edgedistill.common.config.measure import ConstantLoad, LoadtestConfig, Scenario, SpikeLoad
+from edgedistill.bench import serving as bench_serving
+from edgedistill.common.config.measure import ConstantLoad, LoadtestConfig, Scenario, SpikeLoad, StepLoad
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.loadtests import __main__ as loadtests_main
 from edgedistill.loadtests import plan
@@ -68,7 +69,22 @@ def test_bad_loadtest_settings_are_named(tmp_path):
 
 def test_a_stage_shorter_than_the_shapes_tick_is_refused_naming_its_key():
     with pytest.raises(ValueError, match=r"spike_s=0\.3 is shorter than the 1-second tick"):
-        SpikeLoad(before_s=20.6, spike_s=0.3)
+        SpikeLoad(before_s=20, spike_s=0.3)
+
+
+@pytest.mark.parametrize("key", ["before_s", "spike_s", "after_s"])
+def test_a_spike_stage_of_a_fraction_of_a_second_more_is_refused_naming_its_key_and_locusts_tick(key):
+    with pytest.raises(ValueError, match=rf"{key}=1\.5 is not a whole number of the 1-second ticks at which locust"):
+        SpikeLoad(**{key: 1.5})
+
+
+def test_a_step_of_a_fraction_of_a_second_more_is_refused_naming_locusts_tick():
+    with pytest.raises(ValueError, match=r"step_s=1\.3 is not a whole number of the 1-second ticks at which locust"):
+        StepLoad(step_s=1.3, settle_s=0.5)
+
+
+def test_a_constant_load_of_a_fraction_of_a_second_more_is_taken():
+    assert ConstantLoad(users=2, rate=20, duration_s=2.5).duration_s == 2.5
 
 
 def test_a_constant_load_shorter_than_the_shapes_tick_is_refused_naming_its_key():
@@ -108,11 +124,6 @@ def test_step_profile_adds_step_users_each_step_at_the_user_rate():
         (5, 10, 5, 50),
         (10, 15, 8, 80),
     ]
-
-
-def test_step_profile_of_steps_a_float_sum_would_drift_ends_on_their_whole_second():
-    step = plan.stages(LoadtestConfig.model_validate({"step": {"steps": 10, "step_s": 1.3, "settle_s": 0.5}}).step)
-    assert step[-1].end_s == 13
 
 
 def test_spike_profile_is_before_spike_and_after_phases():
@@ -189,7 +200,7 @@ def test_an_override_of_a_section_the_load_test_does_not_read_is_refused_naming_
 
 def test_an_override_of_another_profiles_settings_is_refused_before_the_bundle_is_looked_for(monkeypatch):
     looked_for = []
-    monkeypatch.setattr(loadtests_main, "bundle_to_serve", lambda *args: looked_for.append(args))
+    monkeypatch.setattr(bench_serving, "bundle_to_serve", lambda *args: looked_for.append(args))
     loadtests_main.main([SMOKE_RECIPE, "--profile", "smoke", "--loadtest.steady.rate=5"])
     assert looked_for == []
 
@@ -205,8 +216,9 @@ def test_the_load_test_help_names_the_option_its_own_profiles_settings_follow(ca
     assert "--profile PROFILE" in capsys.readouterr().out
 
 
-def plan_in(folder: Path, monkeypatch) -> plan.Plan:
-    """The plan `current()` reads from a plan.json in `folder`, the working folder elsewhere."""
+def plan_in(folder: Path, monkeypatch, working: Path | None = None) -> plan.Plan:
+    """The plan `current()` reads from a plan.json in `folder`, the working folder `working` (default: the one
+    above)."""
     folder.mkdir(exist_ok=True)
     written = plan.Plan(
         profile="smoke",
@@ -218,11 +230,12 @@ def plan_in(folder: Path, monkeypatch) -> plan.Plan:
     )
     (folder / "plan.json").write_text(written.model_dump_json())
     monkeypatch.setenv(plan.PLAN_VAR, str(folder / "plan.json"))
-    monkeypatch.chdir(folder.parent)
+    monkeypatch.chdir(working or folder.parent)
     plan.current.cache_clear()
-    found = plan.current()
-    plan.current.cache_clear()  # not kept for a later test
-    return found
+    try:
+        return plan.current()
+    finally:
+        plan.current.cache_clear()  # not kept for a later test
 
 
 def test_a_running_load_tests_samples_go_to_its_folder(tmp_path, monkeypatch):
@@ -233,3 +246,20 @@ def test_locust_run_on_a_finished_runs_plan_writes_its_samples_to_the_working_fo
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "manifest.json").write_text("{}")  # published: its samples are hashed
     assert plan_in(tmp_path / "run", monkeypatch).samples == tmp_path / "requests.npz"
+
+
+def test_locust_run_in_a_finished_runs_folder_on_its_plan_is_refused_naming_the_samples_it_would_replace(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_text("{}")
+    with pytest.raises(RuntimeError, match=r"on the plan of its finished run would replace the run's requests\.npz"):
+        plan_in(tmp_path / "run", monkeypatch, working=tmp_path / "run")
+
+
+def test_locust_run_in_a_finished_runs_folder_named_by_a_link_on_its_plan_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_text("{}")
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="would replace the run's requests.npz"):
+        plan_in(tmp_path / "link", monkeypatch, working=tmp_path / "run")

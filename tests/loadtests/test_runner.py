@@ -358,6 +358,21 @@ def test_an_echo_load_test_refuses_a_bundle_that_is_not_there(tmp_path):
         )
 
 
+def test_a_single_text_load_runs_against_a_server_taking_fewer_texts_than_batch_size(bundle):
+    run = loadtest(bundle, "steady", env={"EDGEDISTILL_MAX_TEXTS": "2"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_a_batch_size_over_the_servers_max_texts_is_refused_before_the_stage_runs_where_batch_has_a_weight(
+    bundle, monkeypatch
+):
+    monkeypatch.setenv("EDGEDISTILL_MAX_TEXTS", "2")
+    with pytest.raises(runner.LoadtestError, match=r"loadtest\.batch_size=4 exceeds the server's max_texts=2"):
+        runner.stage(
+            load_recipe(ROOT / "recipes" / "smoke.yaml"), "steady", bundle, scenarios={"single": 1, "batch": 1}
+        )
+
+
 def test_a_bundle_whose_load_test_folder_would_be_the_echo_servers_is_refused(tmp_path):
     echo = write_bundle(tmp_path / "bundle-echo")
     with pytest.raises(runner.LoadtestError, match="would share the echo server's folder loadtest-smoke-echo"):
