@@ -23,7 +23,6 @@ from edgedistill.common.config.training import StudentConfig, StudentRun
 from edgedistill.common.data import load_splits, load_test
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs
-from edgedistill.common.text import read_texts
 from edgedistill.distill import device, dist, heads, pretrain, stages
 from edgedistill.distill.batching import collate, length_grouped_batches
 from edgedistill.distill.finetune import predict_logits, test_metrics
@@ -41,6 +40,7 @@ from edgedistill.distill.students import (
 )
 from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments
 from edgedistill.distill.trainer import MicroBatch, Trainer, work_dir
+from edgedistill.distill.transfer_texts import TransferTexts
 from huggingface_hub.constants import SAFETENSORS_SINGLE_FILE
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -78,7 +78,7 @@ class DistillObjective(nn.Module):
         self.student, self.run = student, run
         self.teacher = Frozen([teacher])
         self.derived_segments = derived_segments
-        self.intermediate = teacher is not None and (run.losses.hidden > 0 or run.losses.attention > 0)
+        self.intermediate = teacher is not None and bool(run.losses.layered)
         if self.intermediate:
             t_width, s_width = teacher.config.hidden_size, run.model.hidden_size
             self.pairs = layer_map(run.model.num_layers, teacher.config.num_hidden_layers)
@@ -138,15 +138,10 @@ def load_student(folder) -> tuple[Student, StudentConfig]:
 def _transfer_data(transfer_dir: Path, tokenizer, max_length: int, desc: str | None = None):
     """Token ids of the transfer set (pairs too, when it has them; tokenized under a progress bar named `desc`), the
     teacher's logits (float16, as stored: a batch takes them as float32), and gold labels or `UNLABELLED`."""
-    pairs = read_texts(transfer_dir / "pairs.txt") if (transfer_dir / "pairs.txt").is_file() else None
-    meta = np.load(transfer_dir / "meta.npz")
+    texts = TransferTexts.read(transfer_dir)
     logits = torch.from_numpy(np.load(transfer_dir / "logits.npy"))
-    labels = torch.from_numpy(np.where(meta["label"] >= 0, meta["label"], UNLABELLED))
-    return (
-        encode(tokenizer, read_texts(transfer_dir / "texts.txt"), pairs, max_length, student_segments=True, desc=desc),
-        logits,
-        labels,
-    )
+    labels = torch.from_numpy(np.where(texts.labels >= 0, texts.labels, UNLABELLED))
+    return encode(tokenizer, texts.texts, texts.pairs, max_length, student_segments=True, desc=desc), logits, labels
 
 
 def distill_batch(features, teacher_logits: torch.Tensor, labels: torch.Tensor, pad_id: int, part: MicroBatch):
@@ -252,13 +247,13 @@ def check_students(recipe: Recipe, names: list[str]) -> None:
                 f"set distill.students.{name}.init_from_teacher: false (and baseline_init_from_teacher: false), "
                 "or size it as the teacher"
             )
-        layered = [key for key in ("hidden", "attention") if getattr(spec.losses, key) > 0]
+        layered = spec.losses.layered
         if layered and getattr(teacher, "is_encoder_decoder", False):
             raise RecipeError(
                 f"distill.students.{name}.losses.{layered[0]} matches the student's layers to a stack of the "
                 f"teacher's, but {recipe.model.init} is an encoder-decoder ({teacher.model_type}), whose head reads "
-                f"its decoder through cross-attention to its encoder; set distill.students.{name}.losses.hidden "
-                "and losses.attention to 0"
+                f"its decoder through cross-attention to its encoder; set distill.students.{name}."
+                f"{' and '.join(f'losses.{term}' for term in layered)} to 0"
             )
         if (copies or layered) and spec.model.num_layers > teacher.num_hidden_layers:
             uses = f"losses.{layered[0]} matches" if layered else "init_from_teacher copies"
@@ -321,7 +316,7 @@ def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | N
     torch.manual_seed(spec.optim.seed)
     student = build_student(cfg, recipe.data.label_names)
     from_teacher = spec.baseline_init_from_teacher if baseline else spec.init_from_teacher
-    matched = not baseline and bool(spec.losses.hidden or spec.losses.attention)
+    matched = not baseline and bool(spec.losses.layered)
     teacher_bert = teacher_in_training(student, teacher_dir, from_teacher, matched)
     if baseline:
         labels_only = dict.fromkeys(type(spec.losses).model_fields, 0.0) | {"ce": 1.0}  # every term, a new one too

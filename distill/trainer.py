@@ -516,13 +516,14 @@ class Trainer:
         examples divides by their count in the whole batch, times the micro-batch's share of its examples, so
         that the micro-batches, weighted by that share, add up to the term's mean over the batch.
         `evaluate(model)` runs on rank 0, which shares its figures with the other ranks.
-        `epoch_steps`: the steps that count as an epoch, for the step budget (`epochs`) and the evaluation at each
-        epoch's end; by default the batches of `batches_for_epoch` (a baseline counts its student's, so that the two
-        train as long and evaluate, and so stop early, at the same steps).
+        `epoch_steps`: the steps that count as an epoch, for the step budget (`epochs`), the evaluation at each
+        epoch's end and the history's `epoch`; by default the batches of `batches_for_epoch` (a baseline counts its
+        student's, so that the two train as long and evaluate, and so stop early, at the same steps and epochs).
         """
         cfg = self.cfg
         first = batches_for_epoch(0)
         total = step_budget(cfg, epoch_steps or len(first))
+        self._epoch_steps = epoch_steps
         scheduler = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup_ratio * total), total)
         self._try_resume(scheduler)
         p = self.progress
@@ -598,7 +599,8 @@ class Trainer:
         with torch.no_grad(), dist.waiting_for_main("evaluate"):
             # rank 0 evaluates and every rank follows its figures, so all keep, stop and checkpoint alike
             metrics = dist.broadcast(evaluate(target) if dist.is_main() else None)
-        entry = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self._epoch_len, 3)}
+        epoch = p.global_step / self._epoch_steps if self._epoch_steps else p.epoch + p.step_in_epoch / self._epoch_len
+        entry = {"step": p.global_step, "epoch": round(epoch, 3)}
         if p.loss_steps:
             entry["train_loss"] = p.loss_sum / p.loss_steps
         p.loss_sum, p.loss_steps = 0.0, 0

@@ -231,7 +231,12 @@ class OptimConfig(Strict):
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
     epochs: float = Field(1.0, gt=0)
-    max_steps: int | None = Field(None, gt=0)
+    max_steps: int | None = Field(
+        None,
+        gt=0,
+        description="the step budget (optimizer steps), in place of epochs: where it is set, epochs is not read, and "
+        "changing epochs builds nothing again",
+    )
     batch_size: int = Field(
         32, ge=1, description="examples per optimizer step, whatever the number of processes (split among them)"
     )
@@ -255,6 +260,12 @@ class OptimConfig(Strict):
     # how a step's batch is split: the steps stay the same (`checkpoint_every` stays hashed: the shipped sst2-gpt
     # recipe sets it, and leaving it out would make its existing runs stale)
     hashed_as_default = frozenset({"grad_accum"})
+
+    def unread(self) -> frozenset[str]:
+        """Where `max_steps` is the step budget, `epochs`, which training then does not read: changing it builds
+        nothing again (the shipped recipes that set `max_steps` leave `epochs` at its default, which keeps their
+        hashes)."""
+        return super().unread() | ({"epochs"} if self.max_steps is not None else frozenset())
 
 
 class WithPresets(Strict):
@@ -475,6 +486,12 @@ class LossWeights(Strict):
             )
         return self
 
+    @property
+    def layered(self) -> list[str]:
+        """The weighted terms that compare a transformer student's layers with the teacher's: the student stage runs
+        the teacher in training for them, and they need a transformer student and a teacher with one layer stack."""
+        return [term for term in ("hidden", "attention") if getattr(self, term)]
+
 
 class StudentRun(WithPresets):
     """One student: its architecture, optimizer and losses; the baseline reuses all but the losses."""
@@ -499,8 +516,7 @@ class StudentRun(WithPresets):
 
     @model_validator(mode="after")
     def _intermediate_losses_need_a_transformer(self):
-        given = [term for term in ("hidden", "attention") if getattr(self.losses, term)]
-        if given and self.model.arch != "transformer":
+        if (given := self.losses.layered) and self.model.arch != "transformer":
             raise ValueError(
                 f"losses {given} compare the teacher's layers with a transformer student's; a {self.model.arch} "
                 "student has none: set them to 0"

@@ -484,6 +484,20 @@ def test_how_a_batch_is_split_leaves_the_hash_unchanged(tmp_path):
     assert plain.section_hash("finetune") == changed.section_hash("finetune")
 
 
+def test_epochs_leave_the_hash_unchanged_where_max_steps_is_the_step_budget(tmp_path):
+    path = write(tmp_path, MINIMAL + "finetune: {optim: {max_steps: 50}}\n")
+    assert load_recipe(path).section_hash("finetune") == load_recipe(path, {"finetune.optim.epochs": 3}).section_hash(
+        "finetune"
+    )
+
+
+def test_epochs_change_the_hash_where_no_max_steps_is_set(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    assert load_recipe(path).section_hash("finetune") != load_recipe(path, {"finetune.optim.epochs": 3}).section_hash(
+        "finetune"
+    )
+
+
 def test_the_collectives_timeout_leaves_the_hash_unchanged(tmp_path):
     plain = load_recipe(write(tmp_path, MINIMAL))
     longer = load_recipe(write(tmp_path, MINIMAL), {"runtime.collective_timeout_s": 7200})
@@ -1761,6 +1775,12 @@ def test_layer_losses_for_a_student_without_layers_are_refused_at_load(tmp_path,
     student = "{model: {arch: bilstm}, losses: {" + term + ": 1.0}}"
     with pytest.raises(RecipeError, match=rf"distill.students.small.*\['{term}'\].*a bilstm student has none"):
         extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
+
+
+def test_a_term_the_loss_weights_count_as_layered_is_refused_at_load_for_a_student_without_layers(monkeypatch):
+    monkeypatch.setattr(training.LossWeights, "layered", property(lambda self: ["kd"] if self.kd else []))
+    with pytest.raises(RecipeError, match=r"distill.students.cnn.*\['kd'\].*a cnn student has none"):
+        load_recipe(SMOKE, {"distill.students.cnn.losses.kd": 1.0})
 
 
 def test_a_student_whose_loss_weights_are_all_zero_is_refused_at_load(tmp_path):

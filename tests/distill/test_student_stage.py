@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 from edgedistill.common import manifest as mf
-from edgedistill.common.config.training import OptimConfig, RuntimeConfig, StudentConfig, StudentRun
+from edgedistill.common.config.training import LossWeights, OptimConfig, RuntimeConfig, StudentConfig, StudentRun
 from edgedistill.common.data import load_splits
 from edgedistill.common.recipe import RecipeError, load_recipe
 from edgedistill.common.stage import Inputs
-from edgedistill.common.text import write_texts
 from edgedistill.common.textstyle import tokenise
 from edgedistill.distill import heads, pipeline, stages, student_stage
 from edgedistill.distill.batching import collate
@@ -34,6 +33,7 @@ from edgedistill.distill.student_stage import (
 from edgedistill.distill.students import ARCHITECTURES, build_student, init_from_teacher
 from edgedistill.distill.tokenization import encode, load_tokenizer, train_tokenizer
 from edgedistill.distill.trainer import Trainer
+from edgedistill.distill.transfer_texts import TransferTexts
 from tokenizers import Tokenizer
 from torch import nn
 from transformers import AutoTokenizer, BartConfig, BertConfig, BertModel, RobertaConfig
@@ -96,12 +96,11 @@ class Trained(Exception):
     """Raised once the stage has trained, with the training's progress."""
 
 
-def test_a_baseline_trains_and_evaluates_at_the_steps_of_its_student_over_a_transfer_set_a_batch_does_not_divide(
-    tmp_path, monkeypatch
-):
+def _baseline_history(tmp_path, monkeypatch) -> list[dict]:
+    """The history of a cnn baseline of two epochs of its student's 3 batches (4, 4 and 2 sentences) over 20 train
+    examples, whose own epochs are 5 batches."""
     teacher = tiny_bert(tmp_path / "teacher", 2)
     optim = {"distill.students.cnn.optim.epochs": 2, "distill.students.cnn.optim.batch_size": 4}
-    # 20 train examples: the baseline's own epochs are 5 batches
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"data.train_limit": 20, "data.dev_limit": 10, **optim})
     manifests = {"teacher": SimpleNamespace(metrics={}), "transfer": SimpleNamespace(metrics={"sentences": 10})}
     folders = {"teacher": teacher, "transfer": tmp_path / "transfer"}
@@ -114,8 +113,18 @@ def test_a_baseline_trains_and_evaluates_at_the_steps_of_its_student_over_a_tran
     monkeypatch.setattr(Trainer, "fit", fit_then_stop)
     with pytest.raises(Trained) as trained:
         student_stage.build_stage(inputs, "cnn", True, None)
-    # at the end of each of the student's two epochs of 3 batches (4, 4 and 2 sentences)
-    assert [entry["step"] for entry in trained.value.args[0].history] == [3, 6]
+    return trained.value.args[0].history
+
+
+def test_a_baseline_trains_and_evaluates_at_the_steps_of_its_student_over_a_transfer_set_a_batch_does_not_divide(
+    tmp_path, monkeypatch
+):
+    # at the end of each of the student's two epochs
+    assert [entry["step"] for entry in _baseline_history(tmp_path, monkeypatch)] == [3, 6]
+
+
+def test_a_baseline_s_history_counts_the_epochs_of_its_student(tmp_path, monkeypatch):
+    assert [entry["epoch"] for entry in _baseline_history(tmp_path, monkeypatch)] == [1.0, 2.0]
 
 
 @pytest.mark.parametrize("name", STUDENTS)
@@ -191,6 +200,16 @@ def test_students_train_under_torchrun(smoke_run, tmp_path):
 def test_how_a_student_s_batch_is_split_leaves_its_hash_unchanged():
     changed = load_recipe(ROOT / "recipes" / "smoke.yaml", {"distill.students.cnn.optim.grad_accum": 5})
     assert stages.student(changed, "cnn").config_hash == stages.student(SMOKE, "cnn").config_hash
+
+
+STEP_BUDGET = {"distill.students.cnn.optim.max_steps": 50}
+
+
+@pytest.mark.parametrize("baseline", [False, True], ids=["student", "baseline"])
+def test_epochs_leave_the_hash_unchanged_where_max_steps_is_the_step_budget(baseline):
+    budget = load_recipe(ROOT / "recipes" / "smoke.yaml", STEP_BUDGET)
+    longer = load_recipe(ROOT / "recipes" / "smoke.yaml", STEP_BUDGET | {"distill.students.cnn.optim.epochs": 5})
+    assert stages.student(longer, "cnn", baseline).config_hash == stages.student(budget, "cnn", baseline).config_hash
 
 
 KD = {"distill.students.cnn.losses.kd": 0.5}  # the soft-target loss, which the temperature is read by
@@ -361,8 +380,7 @@ def test_a_student_whose_training_diverged_stops_the_stage_naming_its_learning_r
 
 
 def test_the_teacher_logits_of_the_transfer_set_stay_float16_in_memory(tmp_path):
-    write_texts(tmp_path / "texts.txt", ["a fine film", "dull"])
-    np.savez(tmp_path / "meta.npz", source=np.zeros(2, np.int8), label=np.array([-1, 1]))
+    TransferTexts(["a fine film", "dull"], None, np.zeros(2, np.int8), np.array([-1, 1]), {}).write(tmp_path)
     np.save(tmp_path / "logits.npy", np.ones((2, 2), np.float16))
     _, logits, _ = _transfer_data(tmp_path, train_tokenizer("bert", ["a fine film", "dull"] * 5, 40), 16)
     assert logits.dtype == torch.float16
@@ -475,6 +493,31 @@ def test_a_student_matching_no_layers_of_an_encoder_decoder_teacher_passes_the_c
     overrides = {"model.init": str(tmp_path / "init"), f"{student}.init_from_teacher": False}
     overrides |= {f"{student}.losses.{key}": 0.0 for key in ("hidden", "attention")}
     assert check_students(load_recipe(ROOT / "recipes" / "smoke.yaml", overrides), ["transformer"]) is None
+
+
+def as_if_kd_compared_layers(monkeypatch) -> None:
+    """`LossWeights.layered` as if kd were the one term that compares the student's layers with the teacher's."""
+    monkeypatch.setattr(LossWeights, "layered", property(lambda self: ["kd"] if self.kd else []))
+
+
+def test_a_term_the_loss_weights_count_as_layered_runs_the_teacher_in_the_objective(monkeypatch):
+    as_if_kd_compared_layers(monkeypatch)
+    cfg = StudentConfig(arch="transformer", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                        intermediate_size=32, max_length=16)  # fmt: skip
+    teacher = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=32, attn_implementation="eager")).eval()  # fmt: skip
+    run = StudentRun(model=cfg, losses={"mse": 1.0, "kd": 1.0})
+    assert DistillObjective(build_student(cfg), run, teacher).intermediate
+
+
+def test_a_term_the_loss_weights_count_as_layered_is_checked_against_the_teacher_s_layers(tmp_path, monkeypatch):
+    as_if_kd_compared_layers(monkeypatch)
+    BartConfig(d_model=64, encoder_attention_heads=2, decoder_attention_heads=2).save_pretrained(tmp_path / "init")
+    student = "distill.students.transformer"
+    overrides = {"model.init": str(tmp_path / "init"), f"{student}.init_from_teacher": False}
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", overrides | {f"{student}.losses": {"mse": 1.0, "kd": 1.0}})
+    with pytest.raises(RecipeError, match=rf"{student}.losses.kd .* is an encoder-decoder \(bart\)"):
+        check_students(recipe, ["transformer"])
 
 
 DEEPER = {"distill.students.transformer.model.num_layers": 3}

@@ -770,6 +770,18 @@ def test_without_epoch_steps_an_epoch_is_its_batches(tmp_path):
     assert [entry["step"] for entry in _fit_in_epochs_of(tmp_path, None).history] == [2, 4]
 
 
+def test_epoch_steps_number_the_epochs_of_the_history_whatever_the_epochs_of_batches(tmp_path):
+    assert [entry["epoch"] for entry in _fit_in_epochs_of(tmp_path, 3).history] == [1.0, 2.0]
+
+
+def test_without_epoch_steps_the_history_numbers_the_epochs_of_batches(tmp_path):
+    assert [entry["epoch"] for entry in _fit_in_epochs_of(tmp_path, None).history] == [1.0, 2.0]
+
+
+def test_max_steps_is_the_step_budget_whatever_epochs_says():
+    assert trainer_module.step_budget(OptimConfig(epochs=5.0, max_steps=50), 100) == 50
+
+
 def test_the_tracked_train_loss_after_an_evaluation_is_the_mean_over_the_last_10_steps(tmp_path, monkeypatch):
     logged = {}
 
