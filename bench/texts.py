@@ -20,7 +20,7 @@ from typing import TextIO
 from edgedistill.bench import BenchError
 from edgedistill.common.arguments import readable_file
 from edgedistill.common.config.training import DataConfig
-from edgedistill.common.data import DataError, Examples, load_labelled
+from edgedistill.common.data import DataError, Examples, load_dev
 from edgedistill.serve.textfiles import (
     UsageError,
     add_columns_arguments,
@@ -34,10 +34,9 @@ TEXT_COUNT = 512
 
 
 def dev_split(data: DataConfig) -> Examples:
-    """The recipe's dev split, in file order, cut to `dev_limit`: texts, pairs for a pair task, label ids (read as
-    the training stages read it)."""
+    """The recipe's dev split (`load_dev`, as the training stages read it), its errors as `BenchError`."""
     try:
-        return load_labelled(data.dev, data, data.dev_limit)
+        return load_dev(data)
     except DataError as err:
         raise BenchError(str(err)) from None
 

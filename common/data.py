@@ -407,7 +407,8 @@ def _missing_columns(
     source: str, line: tuple[int, dict, int], first: int, missing: list[str], cfg: DataConfig
 ) -> DataError:
     """The error for a row (`_rows`' line) without the recipe's columns: on the first row the recipe names the wrong
-    ones, at the line naming them, later the row lacks what the first one holds."""
+    ones, at the line naming them (or a TSV/CSV file has no header: a label among the names, none of the recipe's),
+    later the row lacks what the first one holds."""
     number, row, named = line
     found = f"found {list(row)}"  # in the file's order
     if number != first:
@@ -423,16 +424,30 @@ def _missing_columns(
             f"{where}: missing column(s) {missing}; {found}, one column holding {separator!r}: a .csv file is "
             "separated by commas and a .tsv file by tabs; save it so, or give it the name of its format"
         )
+    label = next((cell for cell in row if _is_label(cell, cfg.label_names)), None)
+    if delimited and label is not None and not {cfg.text_column, cfg.label_column, cfg.text_pair_column} & set(row):
+        return DataError(
+            f"{source}:{named}: missing column(s) {missing}; {found}, and {label!r} is a label: the line read as the "
+            f"header looks like an example; add a header line naming the columns, as {settings} in the recipe name them"
+        )
     near = [f"{name!r} for {column!r}" for column in missing for name in difflib.get_close_matches(column, row, n=1)]
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
     return DataError(f"{where}: missing column(s) {missing}; {found}{hint}. Set {settings} in the recipe")
+
+
+def _is_label(cell: str, names: list[str]) -> bool:
+    """Whether a cell, stripped, reads as a label: one of `names` (in NFC) or a whole number below their number."""
+    text = unicodedata.normalize("NFC", cell.strip())
+    return text in {unicodedata.normalize("NFC", name) for name in names} or (
+        text.isascii() and text.isdigit() and int(text) < len(names)
+    )
 
 
 def _second_text(source: str, line: tuple[int, dict, int], cfg: DataConfig) -> DataError | None:
     """The error for a file of sentence pairs read as single texts: the recipe sets no `data.text_pair_column` (null
     given on purpose reads the first text alone) and the first row has the text column's evident second, its name
     with 2 for 1 (`sentence1`, `#1 String`), b for a last a (`text_a`), or a pair task's second (`hypothesis`,
-    `text_pair`), named at the line naming the columns (`_rows`' line)."""
+    `text_pair`), in any case (`Hypothesis` beside `Premise`), named at the line naming the columns (`_rows`' line)."""
     if cfg.text_pair_column is not None or "text_pair_column" in cfg.model_fields_set:
         return None
     _, row, named = line
@@ -442,7 +457,9 @@ def _second_text(source: str, line: tuple[int, dict, int], cfg: DataConfig) -> D
         re.sub(r"(?<=[_\- ])([aA])$", lambda letter: "b" if letter[1] == "a" else "B", column),
         *SECOND_TEXTS.get(column.casefold(), ()),
     )
-    second = next((name for name in seconds if name not in (None, column) and name in row), None)
+    second = next(
+        (found for name in seconds for found in row if found != column and found.casefold() == name.casefold()), None
+    )
     if second is None:
         return None
     where = f"{source}:{named}" + (" (the header)" if _format(Path(source)) in (".tsv", ".csv") else "")
@@ -566,11 +583,16 @@ def _split(cfg: DataConfig, key: str, limit: int | None = None) -> Examples:
         raise DataError(f"data.{key}: {err}") from None
 
 
+def load_dev(cfg: DataConfig) -> Examples:
+    """The recipe's dev split, in file order, cut to `dev_limit`."""
+    return _split(cfg, "dev", cfg.dev_limit)
+
+
 def load_splits(cfg: DataConfig) -> tuple[Examples, Examples]:
     """The recipe's train and dev splits, cut to `train_limit` / `dev_limit`; train pairs both ways if
     `symmetric_pairs`."""
     train = _split(cfg, "train", cfg.train_limit)
-    return train.both_ways() if cfg.symmetric_pairs else train, _split(cfg, "dev", cfg.dev_limit)
+    return train.both_ways() if cfg.symmetric_pairs else train, load_dev(cfg)
 
 
 def limits_note(cfg: DataConfig, train: Examples, dev: Examples) -> str | None:

@@ -20,7 +20,7 @@ from edgedistill.common import manifest as mf
 from edgedistill.common.bundle import read_bundle, text_inputs
 from edgedistill.common.cascade import MEMBERS, CascadeMember, CascadeSpec, confidence, route, softmax
 from edgedistill.common.config.export import CascadeRecipe
-from edgedistill.common.data import DEV_EXAMPLES, load_splits, load_test, unlabelled_lines
+from edgedistill.common.data import DEV_EXAMPLES, load_dev, load_test, unlabelled_lines
 from edgedistill.common.recipe import Recipe
 from edgedistill.common.runtime import GPU_HINT, ProviderFallback, cascade_missing_here, open_bundle
 from edgedistill.common.stage import Built, Inputs
@@ -112,8 +112,7 @@ def calibration_texts(recipe: Recipe, count: int) -> tuple[list[str], list[str] 
     pair with either side, overlapping a dev or test text is left out."""
     cfg = recipe.transfer  # unlabelled_max_lines is set: a recipe with cascades refuses to load without
     lines = itertools.islice(unlabelled_lines(cfg.unlabelled_files), cfg.unlabelled_max_lines, None)  # as needed
-    _, dev = load_splits(recipe.data)
-    leaks = leak_filter(held_out_texts(dev, load_test(recipe.data)), cfg.text_style)
+    leaks = leak_filter(held_out_texts(load_dev(recipe.data), load_test(recipe.data)), cfg.text_style)
     examples = []
     read = 0  # lines past the transfer set's, for the message when they hold too few texts
     for line in lines:
@@ -186,7 +185,7 @@ def build_stage(inputs: Inputs, name: str) -> Built:
             f"past the transfer set's {recipe.transfer.unlabelled_max_lines} lines, and chooses the thresholds on "
             f"those {len(texts)}: add unlabelled text, or lower transfer.unlabelled_max_lines or calibration_sentences"
         )
-    split = load_splits(recipe.data)[1]
+    split = load_dev(recipe.data)
     dev = split.as_served(recipe.text_style)
     with contextlib.ExitStack() as members:  # each opened one closed, also where a later one fails to open or run
         opened = [members.enter_context(Member(folder)) for folder in folders]

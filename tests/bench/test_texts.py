@@ -95,6 +95,13 @@ def test_a_label_outside_the_names_is_refused_with_its_line(tmp_path):
         dev_split(data(path))
 
 
+def test_a_dev_split_error_names_the_dev_setting(tmp_path):
+    path = tmp_path / "dev.tsv"
+    path.write_text("sentence\tlabel\ngood\t7\n")
+    with pytest.raises(BenchError, match=r"^data\.dev: .*dev\.tsv:2: label '7'"):
+        dev_split(data(path))
+
+
 def test_pairs_of_the_dev_split_are_shuffled_together(pairs_dev):
     split = dev_split(pair_data(pairs_dev))
     examples = load_texts(pair_data(pairs_dev), pairs=True, seed=3)

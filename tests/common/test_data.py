@@ -14,6 +14,7 @@ from edgedistill.common.data import (
     _rows,
     limits_note,
     line_count,
+    load_dev,
     load_labelled,
     load_splits,
     load_test,
@@ -501,6 +502,23 @@ def test_dev_limit_keeps_the_first_examples_reading_no_further(tmp_path):
     assert limited_splits(tmp_path)[1].texts == ["good"]
 
 
+def test_the_dev_split_is_read_without_the_train_split(tmp_path):
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
+    cfg = CFG.model_copy(update={"train": str(tmp_path / "absent.tsv"), "dev": str(tmp_path / "dev.tsv")})
+    assert load_dev(cfg).texts == ["good", "bad"]
+
+
+def test_the_dev_split_is_cut_to_dev_limit(tmp_path):
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
+    assert len(load_dev(CFG.model_copy(update={"dev": str(tmp_path / "dev.tsv"), "dev_limit": 1}))) == 1
+
+
+def test_a_dev_split_error_names_data_dev(tmp_path):
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\ngood\tmaybe\n")
+    with pytest.raises(DataError, match=r"^data\.dev: .*dev\.tsv:2: label 'maybe'"):
+        load_dev(CFG.model_copy(update={"dev": str(tmp_path / "dev.tsv")}))
+
+
 @pytest.mark.parametrize(
     "name, content",
     [
@@ -737,6 +755,22 @@ def test_a_pair_files_missing_column_names_the_pair_setting(tmp_path):
         load_labelled(str(tmp_path / "p.tsv"), pairs)
 
 
+@pytest.mark.parametrize("suffix", ["tsv", "csv"])
+@pytest.mark.parametrize("label", ["positive", " positive ", "1"])
+def test_a_file_without_a_header_is_refused_saying_to_add_one(tmp_path, suffix, label):
+    separator = "\t" if suffix == "tsv" else ","
+    (tmp_path / f"a.{suffix}").write_text(f"a gripping film{separator}{label}\nflat{separator}negative\n")
+    with pytest.raises(DataError, match=r"a\.\w+:1: .*looks like an example; add a header line naming the columns"):
+        load_labelled(str(tmp_path / f"a.{suffix}"), CFG)
+
+
+@pytest.mark.parametrize("header", ["sentence\tpositive", "text\t2"])
+def test_a_header_without_a_label_or_beside_a_recipe_column_is_not_taken_for_an_example(tmp_path, header):
+    (tmp_path / "a.tsv").write_text(f"{header}\ngood\t1\n")
+    with pytest.raises(DataError, match=r"a\.tsv:1 \(the header\): missing column\(s\) .*\. Set data\.text_column"):
+        load_labelled(str(tmp_path / "a.tsv"), CFG)
+
+
 def read_single(path: Path, content: str, text_column: str = "sentence1"):
     """`path`, holding `content`, loaded as single texts of `text_column` (no data.text_pair_column set)."""
     path.write_text(content)
@@ -759,6 +793,20 @@ def test_a_pair_file_read_without_its_pair_column_names_the_pair_setting(tmp_pat
     message = re.escape(f'set data.text_pair_column: "{second}", or data.text_pair_column: null')
     with pytest.raises(DataError, match=message):
         read_single(tmp_path / "p.tsv", f"{first}\t{second}\tlabel\ngood\tfine\t1\n", first)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("Premise", "Hypothesis"), ("Question", "Passage"), ("Text", "Text_pair"), ("text", "TEXT_PAIR")],
+)
+def test_a_pair_file_whose_header_differs_in_case_names_its_second_column(tmp_path, first, second):
+    message = re.escape(f'set data.text_pair_column: "{second}", or data.text_pair_column: null')
+    with pytest.raises(DataError, match=message):
+        read_single(tmp_path / "p.tsv", f"{first}\t{second}\tlabel\ngood\tfine\t1\n", first)
+
+
+def test_a_text_column_is_not_its_own_second_whatever_its_case(tmp_path):
+    assert read_single(tmp_path / "p.tsv", "Text\tlabel\ngood\t1\n", "Text").texts == ["good"]
 
 
 def test_a_pair_file_read_without_its_pair_column_is_named_at_its_header(tmp_path):

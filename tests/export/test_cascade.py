@@ -210,6 +210,13 @@ def test_calibration_leaves_out_an_unlabelled_sentence_of_the_test_split(tmp_pat
     assert test_sentence not in texts
 
 
+def test_calibration_reads_the_dev_split_without_the_train_split(tmp_path):
+    paths = write_pair_task(tmp_path / "task", train=40, dev=20, unlabelled=200)
+    recipe = load_recipe_of(tmp_path, paths)
+    paths["train"].write_text("sentence1\tsentence2\tlabel\ngood\tfine\tmaybe\n", encoding="utf-8")
+    assert len(calibration_texts(recipe, 150)[0]) == 150
+
+
 def test_calibration_short_of_unlabelled_text_says_how_many_lines_it_read(tmp_path):
     paths = write_pair_task(tmp_path / "task", train=40, dev=20, unlabelled=0)
     lines = [f"first half {i} . second half {i} ." for i in range(30)]  # one pair each
