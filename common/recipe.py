@@ -40,6 +40,7 @@ from edgedistill.common.config.training import (
     RuntimeConfig,
     StudentConfig,
     TransferConfig,
+    yaml_word,
 )
 from edgedistill.common.names import did_you_mean, first_of
 from edgedistill.common.providers import CPU
@@ -628,9 +629,13 @@ def _base_path(path: Path, name) -> Path:
             "base by its path, or this recipe another name"
         )
     if base is None or not base.is_file():
+        file = f"{name}.yaml"
+        beside = (
+            f"did you mean extends: {file}, the file {path.parent / file}? " if (path.parent / file).is_file() else ""
+        )
         raise RecipeError(
-            f"{path}: extends {name}, which does not exist; extends takes a path relative to the recipe, an absolute "
-            f"path, or the name of a recipe ({_known()})"
+            f"{path}: extends {name}, which does not exist; {beside}extends takes a path relative to the recipe, an "
+            f"absolute path, or the name of a recipe ({_known()})"
         )
     return base
 
@@ -1039,7 +1044,8 @@ def _message(error: dict) -> str:
         name = error["input"]
         kind = "boolean" if isinstance(name, bool) else "number" if isinstance(name, int | float) else "null"
         what = "name" if _unquoted_name(error) else "key"
-        return f'a {what} read as a {kind}, {name!r}: {UNQUOTED}; quote it ("on": for on:)'
+        written = yaml_word(name) if isinstance(name, bool) else "null" if name is None else name
+        return f'a {what} read as a {kind}, {name!r}: {UNQUOTED}; quote it ("{written}": for {written}:)'
     if error["type"] == "string_type" and isinstance(error["input"], bool | int | float | datetime.date):
         if (off := _off_pattern(loc, error["input"])) is not None:  # quoted, it would be refused all the same
             return off
@@ -1082,7 +1088,7 @@ def _off_pattern(loc: tuple, value) -> str | None:
 def _read_as(value, key: str) -> str:
     """The error for text that YAML read as another type (`name: 2024-01-01`, `deploy: on`): how to quote it."""
     kind = "boolean" if isinstance(value, bool) else "date" if isinstance(value, datetime.date) else "number"
-    written = "on" if isinstance(value, bool) else value.isoformat() if kind == "date" else value
+    written = yaml_word(value) if isinstance(value, bool) else value.isoformat() if kind == "date" else value
     shown = written if kind == "date" else repr(value)
     return (
         f"{shown} is a {kind} to YAML, not text: {UNQUOTED}, and dates too; quote it as written, e.g. "

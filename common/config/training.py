@@ -34,6 +34,14 @@ def _shown(name: str) -> str:
     return "".join(char for char in unicodedata.normalize("NFC", name) if unicodedata.category(char) != "Cf")
 
 
+def yaml_word(value: bool, likely: tuple[str, ...] = ()) -> str:
+    """A word YAML 1.1 reads as the boolean `value`, for a hint to quote it: the first of `likely` that it reads so
+    (`no` among label names yes/no, where `value` is False), else on or off."""
+    words = ("yes", "on", "true") if value else ("no", "off", "false")
+    cased = (str.lower, str.title, str.upper)  # YAML reads `no`, `No` and `NO`, not `nO`
+    return next((word for word in likely if any(word == case(known) for known in words for case in cased)), words[1])
+
+
 class DataConfig(Strict):
     """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[@<config>]:<split>`."""
 
@@ -92,7 +100,8 @@ class DataConfig(Strict):
                 f'(quoted where it starts with #, e.g. {info.field_name}: "#1 String")'
             )
         if isinstance(value, bool | int | float):
-            example = "yes" if isinstance(value, bool) else value
+            names = info.data.get("label_names", []) if info.field_name == "positive_label" else []
+            example = yaml_word(value, (*names, "yes", "no")) if isinstance(value, bool) else value
             raise ValueError(
                 f"data.{info.field_name}: {value!r} is not a name: {UNQUOTED}; quote it, e.g. "
                 f'{info.field_name}: "{example}"'

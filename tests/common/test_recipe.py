@@ -1524,6 +1524,16 @@ def test_a_name_yaml_reads_as_a_boolean_is_refused_saying_to_quote_it(tmp_path, 
         extend(tmp_path, text)
 
 
+def test_a_name_yaml_reads_as_false_is_shown_quoted_as_a_false_word(tmp_path):
+    with pytest.raises(RecipeError, match=re.escape('quote it ("off": for off:)')):
+        extend(tmp_path, "export: {bundles: {off: {source: teacher}}}\n")
+
+
+def test_a_setting_yaml_reads_as_false_is_shown_quoted_as_a_false_word(tmp_path):
+    with pytest.raises(RecipeError, match=re.escape("""deploy: "off" in a recipe, --distill.deploy='"off"'""")):
+        extend(tmp_path, "distill: {deploy: off}\n")
+
+
 def test_an_override_into_a_section_the_recipe_sets_to_null_names_the_file_and_the_null(tmp_path):
     path = write(tmp_path, MINIMAL + "pretrain: null\n")
     with pytest.raises(RecipeError, match=r"exp\.yaml: override --pretrain\.seq_len: the recipe sets pretrain to null"):
@@ -1643,6 +1653,12 @@ def test_extends_a_path_from_a_variable(tmp_path, monkeypatch):
 def test_extends_a_missing_recipe_says_where_it_looked(tmp_path):
     with pytest.raises(RecipeError, match=r"extends nope, which does not exist; .* \(one of .*, from .*recipes\)"):
         load_recipe(write(tmp_path, "extends: nope\n"))
+
+
+def test_extends_a_bare_name_of_a_file_beside_the_recipe_suggests_the_file(tmp_path):
+    write(tmp_path, BASE, "base.yaml")
+    with pytest.raises(RecipeError, match=r"extends base, which does not exist; did you mean extends: base\.yaml, "):
+        load_recipe(write(tmp_path, "extends: base\n"))
 
 
 def test_extends_in_a_cycle_is_refused(tmp_path):
@@ -2000,6 +2016,15 @@ def test_tensorrt_int8_with_fewer_calibration_sentences_than_its_opt_batch_is_re
         RecipeError, match=r"export\.calibration_sentences=4: the TensorRT INT8 bundles \['bilstm-engine'\]"
     ):
         load_recipe(SMOKE, engine)
+
+
+@pytest.mark.parametrize(
+    ("names", "value", "shown"),
+    [(["no", "yes"], False, "no"), (["Yes", "No"], False, "No"), (["off", "on"], True, "on")],
+)
+def test_a_positive_label_yaml_reads_as_a_boolean_is_shown_quoted_as_the_label_name_it_reads_so(names, value, shown):
+    with pytest.raises(ValueError, match=f'quote it, e.g. positive_label: "{shown}"'):
+        DataConfig(train="unused", dev="unused", label_names=names, positive_label=value)
 
 
 @pytest.mark.parametrize("field", ["text_column", "text_pair_column", "label_column", "positive_label"])
