@@ -1,5 +1,6 @@
 """A port kept for worker processes: bound with SO_REUSEPORT on every address the workers' gRPC will bind, never
-listening, so that no other server can take it meanwhile and a port some other server holds is refused first."""
+listening, so that a port some other server holds is refused first and, meanwhile, a server bound without SO_REUSEPORT
+or run by another user cannot take it (one of this user bound with SO_REUSEPORT, as gRPC binds by default, can)."""
 
 import errno
 import socket

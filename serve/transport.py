@@ -192,8 +192,8 @@ def model_config(
     beside each output's `label_filename`, the largest message (MAX_MESSAGE_BYTES) as `max_message_bytes`, the
     style the server writes texts in before tokenizing as `text_style`, and, for a bundle (a cascade takes no token
     ids), what a client that sends token ids needs, as the bundle's Triton `config.pbtxt` gives it: the token inputs
-    (`token_inputs`, a JSON list), `max_length`, `pad_token_id`, and `pair_segments` where a pair's segment ids come
-    from sequence ids (`common.segments`): how it makes `token_type_ids`."""
+    (`token_inputs`, a JSON list), `max_length`, `pad_token_id`, `padding_side` (PADDING_SIDE), and `pair_segments`
+    where a pair's segment ids come from sequence ids (`common.segments`): how it makes `token_type_ids`."""
     spec = runtime.spec
     platform, backend = platform_of(runtime)
     Config = kserve_pb2.ModelConfigResponse

@@ -11,8 +11,8 @@ A worker that exits on its own (a batcher fault, a crash) is restarted; the othe
 A worker that exits before it ever served (at start, or restarted onto a bundle that no longer loads), one that has
 not served within START_TIMEOUT_S of its start (killed: it hangs in its model's load or warm-up), or
 more than RESTARTS_PER_MINUTE restarts a minute, stop the supervisor: it drains the rest and exits with
-that worker's status, for the orchestrator to take over; so does a worker that cannot be restarted for want of a
-process (EAGAIN under a pids limit, EMFILE), with EXIT_NO_PROCESS. Workers die with the supervisor (Linux's
+that worker's status, for the orchestrator to take over; so does a worker that cannot be started or restarted for want
+of a process (EAGAIN under a pids limit, EMFILE), with EXIT_NO_PROCESS. Workers die with the supervisor (Linux's
 parent-death signal), so none outlives it.
 
 `WORKERS=0` (the default) picks one worker per usable core (affinity and cgroup CPU quota), as many as the
@@ -59,7 +59,7 @@ KILL_WAIT_S = 2.0  # how long a killed worker may take to exit before the superv
 # what a worker imports that an install may lack: the `serve` extra's, and ONNX Runtime (the `cpu` or `gpu` extra's),
 # which every worker imports (`common.runtime`), one serving TensorRT engines alone too
 WORKER_PACKAGES = ("grpc", "grpc_health", "grpc_reflection", "onnxruntime")
-EXIT_NO_PROCESS = os.EX_OSERR  # 71 (sysexits.h: cannot fork, cannot create a pipe): a worker could not be restarted
+EXIT_NO_PROCESS = os.EX_OSERR  # 71 (sysexits.h: cannot fork, cannot create a pipe): a worker could not be started
 SUPERVISING = "supervising"  # the `event` of a supervisor's first log line
 WORKERS_SERVING = "workers_serving"  # and of its line once every worker serves
 
@@ -333,7 +333,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Until SIGTERM or SIGINT (exit 0 when every worker drained cleanly), a worker that cannot serve (exit with
-        its status) or one that cannot be restarted (EXIT_NO_PROCESS)."""
+        its status) or one that cannot be started or restarted (EXIT_NO_PROCESS)."""
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         os.set_blocking(wake_read, False)
@@ -355,7 +355,8 @@ class Supervisor:
                        "workers": self.count, "threads": self.threads},
             )  # fmt: skip
             for index in range(self.count):
-                self._start(index)
+                if not self._launch(index):
+                    break
             announced = False
             while self.workers:
                 for key, _ in self.selector.select(timeout=1.0):
@@ -444,15 +445,15 @@ class Supervisor:
                 worker.proc.send_signal(signal.SIGTERM)
 
     def _time_out_starts(self) -> None:
-        """Kill (SIGKILL) a worker that has not served by its start deadline and stop, as for one that exited before it
-        served: hung in its model's load or warm-up (a hung mount, a stuck GPU), it would hold its share of the port's
-        capacity for good. The supervisor stops at once, for a worker that SIGKILL cannot end yet (a mount's wait)."""
+        """Kill (SIGKILL) every worker that has not served by its start deadline and stop, as for one that exited
+        before it served: hung in its model's load or warm-up (a hung mount, a stuck GPU), it would hold its share of
+        the port's capacity for good. The supervisor stops at once, for a worker that SIGKILL cannot end yet (a mount's
+        wait)."""
         if self.stopping:
             return
         now = time.monotonic()
-        for worker in self.workers:
-            if worker.serving or now < worker.start_deadline:
-                continue
+        late = [worker for worker in self.workers if not worker.serving and now >= worker.start_deadline]
+        for worker in late:
             log.error(
                 "worker %d (pid %d) did not serve within %g s of its start, killed; raise EDGEDISTILL_START_TIMEOUT_S "
                 "if its model takes longer to load and warm up",
@@ -463,8 +464,8 @@ class Supervisor:
                        "start_timeout_s": self.settings.start_timeout_s},
             )  # fmt: skip
             worker.proc.kill()
-            self._stop(shell_status(-signal.SIGKILL), f"worker {worker.index} did not serve within START_TIMEOUT_S")
-            return
+        if late:
+            self._stop(shell_status(-signal.SIGKILL), f"worker {late[0].index} did not serve within START_TIMEOUT_S")
 
     def _reap(self) -> None:
         for worker in list(self.workers):
@@ -501,23 +502,27 @@ class Supervisor:
             elif len(self.restarts) > RESTARTS_PER_MINUTE:
                 self._stop(shell_status(status) or 1, f"more than {RESTARTS_PER_MINUTE} restarts a minute")
             else:
-                self._restart(worker.index)
+                self._launch(worker.index, restarted=True)
         if self.stopping and time.monotonic() > self.stop_deadline:
             self._kill_all()
 
-    def _restart(self, index: int) -> None:
-        """Start worker `index` again; where no process can be made, drain the others and exit EXIT_NO_PROCESS."""
+    def _launch(self, index: int, restarted: bool = False) -> bool:
+        """Start worker `index` (again, `restarted`); whether it started. Where no process can be made, drain the
+        others and exit EXIT_NO_PROCESS."""
+        verb = "restart" if restarted else "start"
         try:
-            self._start(index, restarted=True)
+            self._start(index, restarted)
         except OSError as err:
             log.error(
-                "cannot restart worker %d: %s; raise the container's pids or open-files limit, or lower "
-                "EDGEDISTILL_WORKERS",
+                "cannot %s worker %d: %s; raise the container's pids or open-files limit, or lower EDGEDISTILL_WORKERS",
+                verb,
                 index,
                 err,
-                extra={"event": "worker_restart_failed", "worker": index, "errno": errno.errorcode.get(err.errno)},
+                extra={"event": f"worker_{verb}_failed", "worker": index, "errno": errno.errorcode.get(err.errno)},
             )
-            self._stop(EXIT_NO_PROCESS, f"worker {index} could not be restarted")
+            self._stop(EXIT_NO_PROCESS, f"worker {index} could not be {verb}ed")
+            return False
+        return True
 
     def _live_pids(self) -> dict[int, int]:
         """Worker index -> pid of each worker still running (read by the metrics thread)."""
@@ -532,15 +537,16 @@ class Supervisor:
         self.metric_files.retire(worker.proc.pid)
 
     def _kill_all(self) -> None:
-        """SIGKILL every worker still running and wait up to KILL_WAIT_S for each to exit. One that has not exited
+        """SIGKILL every worker still running, then wait for them to exit, KILL_WAIT_S in all. One that has not exited
         by then (asleep in the kernel: a hung mount, a GPU driver) is left behind, counted as killed, so that the
         supervisor still exits and reaps the others."""
-        for worker in list(self.workers):
-            if worker.proc.poll() is not None:
-                continue
+        running = [worker for worker in self.workers if worker.proc.poll() is None]
+        for worker in running:
             worker.proc.kill()
+        deadline = time.monotonic() + KILL_WAIT_S
+        for worker in running:
             try:
-                worker.proc.wait(KILL_WAIT_S)
+                worker.proc.wait(max(0.0, deadline - time.monotonic()))
                 left_behind = False
             except subprocess.TimeoutExpired:
                 left_behind = True

@@ -171,3 +171,23 @@ def test_a_port_grpc_cannot_bind_is_refused_naming_its_settings(bundle, taken_po
 def test_a_host_that_does_not_resolve_is_refused_naming_its_settings():
     with pytest.raises(SettingsError, match=NAMED["port"]):
         reserve_port("nowhere.invalid", 0, "port")
+
+
+def bind_beside(port: int, reuseport: bool) -> None:
+    """Bind a listener to loopback `port` as a server of this user would, with SO_REUSEADDR (and SO_REUSEPORT)."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, int(reuseport))
+        other.bind(("127.0.0.1", port))
+
+
+def test_a_reserved_port_is_refused_to_a_server_bound_without_so_reuseport():
+    with reserve_port("127.0.0.1", 0) as held, pytest.raises(OSError) as refused:
+        bind_beside(held.port, reuseport=False)
+    assert refused.value.errno == errno.EADDRINUSE
+
+
+def test_a_reserved_port_is_shared_with_a_server_of_the_same_user_bound_with_so_reuseport():
+    with reserve_port("127.0.0.1", 0) as held:
+        bind_beside(held.port, reuseport=True)  # raises where the reservation refuses it
+        assert held.port

@@ -1050,3 +1050,119 @@ def test_workers_under_a_cpu_quota_share_its_cpus_as_intra_op_threads(monkeypatc
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(machine, "cpu_quota", lambda *cgroup: 4)
     assert workers.intra_op_threads(0, count) == expected
+
+
+@pytest.fixture
+def first_start_without_a_process(bundle, temp_root, monkeypatch, caplog):
+    """A supervisor of two workers that can start one process and no more, as under a pids limit: (its exit status,
+    its log records)."""
+    settings = Settings(bundle=bundle, host="127.0.0.1", port=0, metrics_port=None)
+    supervisor = workers.Supervisor(settings, [], 2, cascade.ServedModels.read(bundle))
+    monkeypatch.setattr(supervisor, "_command", lambda: [sys.executable, "-c", "import time; time.sleep(60)"])
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        if started:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(workers.subprocess, "Popen", popen)
+    with caplog.at_level(logging.INFO, logger="serve"):
+        status = supervisor.run()
+    return status, caplog.records
+
+
+def events(records: list[logging.LogRecord], name: str) -> list[logging.LogRecord]:
+    return [record for record in records if getattr(record, "event", None) == name]
+
+
+def test_a_worker_that_cannot_be_started_stops_the_supervisor_with_status_71(first_start_without_a_process):
+    status, _ = first_start_without_a_process
+    assert status == 71
+
+
+def test_a_worker_that_cannot_be_started_is_logged_with_the_errno(first_start_without_a_process):
+    _, records = first_start_without_a_process
+    (failed,) = events(records, "worker_start_failed")
+    assert failed.errno == "EAGAIN"
+
+
+def test_a_worker_that_cannot_be_started_is_logged_saying_to_raise_the_limit(first_start_without_a_process):
+    _, records = first_start_without_a_process
+    (failed,) = events(records, "worker_start_failed")
+    assert "pids or open-files limit" in failed.getMessage()
+
+
+def test_a_worker_that_cannot_be_started_lets_the_started_one_drain_unkilled(first_start_without_a_process):
+    _, records = first_start_without_a_process
+    assert not events(records, "worker_killed")
+
+
+class StuckProcess:
+    """Stands in for a worker's `subprocess.Popen` whose process sleeps in the kernel: it never exits, and records
+    its kills and waits (with their timeouts) in `calls`."""
+
+    def __init__(self, calls: list[tuple]):
+        self.pid = os.getpid()  # a pid that exists, for the supervisor's log lines and metrics files
+        self.returncode = None
+        self.calls = calls
+
+    def poll(self) -> None:
+        return None
+
+    def send_signal(self, number: int) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.calls.append(("kill", self))
+
+    def wait(self, timeout: float) -> None:
+        self.calls.append(("wait", timeout))
+        time.sleep(timeout)
+        raise subprocess.TimeoutExpired("worker", timeout)
+
+
+def supervisor_of_stuck_workers(bundle, count: int, start_deadline: float) -> tuple[workers.Supervisor, list[tuple]]:
+    """A supervisor of `count` StuckProcess workers, none serving, started to serve by `start_deadline`: (it, the
+    calls its workers record)."""
+    settings = Settings(bundle=bundle, host="127.0.0.1", port=0, metrics_port=None)
+    supervisor = workers.Supervisor(settings, [], count, cascade.ServedModels.read(bundle))
+    calls = []
+    for index in range(count):
+        read, write = os.pipe()
+        os.close(write)
+        reports = os.fdopen(read, "rb", buffering=0)
+        supervisor.workers.append(workers.Worker(index, StuckProcess(calls), reports, start_deadline))
+    return supervisor, calls
+
+
+@pytest.fixture
+def killed_stuck_workers(bundle, temp_root, monkeypatch):
+    """The calls three stuck workers record as the supervisor kills them all (KILL_WAIT_S 0.2 s)."""
+    monkeypatch.setattr(workers, "KILL_WAIT_S", 0.2)
+    supervisor, calls = supervisor_of_stuck_workers(bundle, 3, start_deadline=float("inf"))
+    supervisor._kill_all()
+    supervisor._close()
+    return calls
+
+
+def test_the_supervisor_sigkills_every_stuck_worker_before_it_waits_for_any(killed_stuck_workers):
+    kinds = [kind for kind, _ in killed_stuck_workers]
+    assert kinds == ["kill"] * 3 + ["wait"] * 3
+
+
+def test_the_supervisor_waits_for_its_killed_workers_kill_wait_s_in_all(killed_stuck_workers):
+    waited = sum(timeout for kind, timeout in killed_stuck_workers if kind == "wait")
+    assert waited <= workers.KILL_WAIT_S
+
+
+def test_every_worker_past_its_start_deadline_is_killed_in_one_pass(bundle, temp_root):
+    supervisor, calls = supervisor_of_stuck_workers(bundle, 3, start_deadline=0.0)
+    supervisor._time_out_starts()
+    killed = {id(process) for kind, process in calls if kind == "kill"}
+    for worker in supervisor.workers:
+        supervisor._forget(worker)
+    supervisor._close()
+    assert killed == {id(worker.proc) for worker in supervisor.workers}
