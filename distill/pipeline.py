@@ -12,6 +12,13 @@ from edgedistill.distill.tokenization import load_tokenizer, mask_token, pair_se
 from edgedistill.distill.transfer import labelling_placement
 from transformers import AutoConfig
 
+# The files a checkpoint folder's weights are read from, whole or sharded
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 CALIBRATION_LINES = 100  # unlabelled lines past the transfer set's that a cascade's 100 texts at least may need
 
 
@@ -123,8 +130,9 @@ def _warn_student_problems(recipe: Recipe) -> None:
 
 
 def _require_checkpoint(init: str | None) -> None:
-    """A local `model.init` that is no checkpoint folder (missing, a file, or a folder without `config.json`) is a
-    `RecipeError` naming what it is, rather than the loader's guess that it is a Hub name."""
+    """A local `model.init` that is no checkpoint folder (missing, a file, or a folder without `config.json` or any of
+    `WEIGHT_FILES`) is a `RecipeError` naming what it is, rather than the loader's guess that it is a Hub name or its
+    traceback."""
     if not init:
         return
     path = Path(init)
@@ -146,6 +154,11 @@ def _require_checkpoint(init: str | None) -> None:
         raise RecipeError(
             f"model.init: {path} holds no checkpoint (no config.json; {holds}): name the folder a model's "
             "save_pretrained wrote, or a Hub model (EDGEDISTILL_TEACHER_INIT for the shipped recipes)"
+        )
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise RecipeError(
+            f"model.init: {path} holds no weights (none of {', '.join(WEIGHT_FILES)}), only config.json: name the "
+            "folder a model's save_pretrained wrote, or a Hub model (EDGEDISTILL_TEACHER_INIT for the shipped recipes)"
         )
 
 

@@ -2,6 +2,7 @@
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 from edgedistill.common import progress, segments
@@ -15,6 +16,19 @@ CONTINUATION = "##"  # WordPiece's prefix of a piece that continues a word
 GPT_EOS, GPT_PAD = "<|endoftext|>", "<|pad|>"
 ENCODE_CHUNK = 2_000  # texts per tokenizer call: its Python lists of ids, offsets and masks cost ~400 bytes a token
 CUT_WARNING_SHARE = 0.05  # the share of examples cut at a length setting from which a stage warns of it
+# The files a checkpoint folder's tokenizer is read from; without any, transformers builds an empty one from config.json
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "sentencepiece.model",
+    "spm.model",
+    "tokenizer.model",
+)
 
 
 def _bars() -> bool:
@@ -92,7 +106,15 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     a `RecipeError`. It pads and truncates on
     the right, whatever the checkpoint says, as every stage and the server do: a GPT reads positions from 0 and its
     classifier the last real token, so a left-padded text would not give the logits it gives alone. A checkpoint
-    that cannot be found or read is a `RecipeError` naming it, not a traceback."""
+    that cannot be found or read is a `RecipeError` naming it, not a traceback, as is a local folder without any of
+    `TOKENIZER_FILES` (one `save_pretrained` of the model alone wrote), whose every word would be read as unknown."""
+    folder = Path(name_or_path)
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise RecipeError(
+            f"{name_or_path}: holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); model.init "
+            "(EDGEDISTILL_TEACHER_INIT) must name a checkpoint folder its tokenizer was saved into too (the "
+            "tokenizer's save_pretrained into the model's folder)"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as err:  # not found, offline, not a repo id, no tokenizer files

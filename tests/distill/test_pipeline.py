@@ -294,8 +294,16 @@ def test_a_folder_without_config_as_model_init_is_refused_naming_what_it_holds(t
         pipeline._require_checkpoint(str(tmp_path))
 
 
-def test_a_checkpoint_folder_as_model_init_is_taken(tmp_path):
+def test_a_folder_with_config_but_no_weights_as_model_init_is_refused_naming_the_weight_files(tmp_path):
     (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(RecipeError, match=r"holds no weights \(none of model\.safetensors, .*\), only config\.json"):
+        pipeline._require_checkpoint(str(tmp_path))
+
+
+@pytest.mark.parametrize("weights", pipeline.WEIGHT_FILES)
+def test_a_checkpoint_folder_as_model_init_is_taken(tmp_path, weights):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / weights).write_bytes(b"")
     assert pipeline._require_checkpoint(str(tmp_path)) is None
 
 

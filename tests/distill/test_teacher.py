@@ -106,11 +106,12 @@ def test_bad_recipe_and_data_fail_with_a_clear_message(tmp_path):
 
 
 def never_loaded(tmp_path) -> str:
-    """A `model.init` that passes the checks before training (a folder with a config.json) and is never loaded: the
-    tests that give it stop before the teacher's checkpoint is read."""
+    """A `model.init` that passes the checks before training (a folder with a config.json and a weights file) and is
+    never loaded: the tests that give it stop before the teacher's checkpoint is read."""
     folder = tmp_path / "never-loaded"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
     return str(folder)
 
 

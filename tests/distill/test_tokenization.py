@@ -8,12 +8,12 @@ import torch
 from edgedistill.common.recipe import RecipeError
 from edgedistill.common.settings import PROGRESS_INTERVAL_VAR, PROGRESS_VAR
 from edgedistill.distill import tokenization
-from edgedistill.distill.tokenization import encode, load_tokenizer, pair_segments, train_tokenizer
+from edgedistill.distill.tokenization import BERT_SPECIALS, encode, load_tokenizer, pair_segments, train_tokenizer
 from edgedistill.serve.encoding import TextEncoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import ByT5Tokenizer, GPT2ForSequenceClassification, PreTrainedTokenizerFast
+from transformers import BertConfig, ByT5Tokenizer, GPT2ForSequenceClassification, PreTrainedTokenizerFast
 
 from tests.distill.gpt_init import write_gpt2
 from tests.roberta_init import write_roberta
@@ -196,6 +196,24 @@ def test_a_gpt_bundle_serves_a_text_with_a_trailing_space_as_trained(tmp_path):
 def test_a_checkpoint_that_is_not_there_is_named_with_the_setting(tmp_path):
     with pytest.raises(RecipeError, match=r"minilm: cannot load a tokenizer from it .*EDGEDISTILL_TEACHER_INIT"):
         load_tokenizer(str(tmp_path / "minilm"))
+
+
+def bert_config_folder(folder):
+    BertConfig(
+        vocab_size=len(BERT_SPECIALS) + 2, hidden_size=8, num_hidden_layers=1, num_attention_heads=1
+    ).save_pretrained(folder)
+    return folder
+
+
+def test_a_checkpoint_folder_without_tokenizer_files_is_refused_naming_model_init(tmp_path):
+    with pytest.raises(RecipeError, match=r"holds no tokenizer \(none of tokenizer\.json, .*\); model\.init"):
+        load_tokenizer(str(bert_config_folder(tmp_path / "weights-only")))
+
+
+def test_a_checkpoint_folder_with_only_a_vocabulary_file_is_loaded_with_its_words(tmp_path):
+    folder = bert_config_folder(tmp_path / "vocab-only")
+    (folder / "vocab.txt").write_text("\n".join([*BERT_SPECIALS, "dull", "film"]) + "\n")
+    assert load_tokenizer(str(folder)).tokenize("dull film") == ["dull", "film"]
 
 
 def left_padded_gpt2(tmp_path):
