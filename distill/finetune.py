@@ -191,6 +191,7 @@ def build_stage(inputs: Inputs) -> Built | None:
             "family": recipe.model.family,
             "train_examples": len(train),
             "dev_examples": len(dev),
+            "text_style": recipe.text_style,
         }
         | ({"test_examples": len(test)} if test is not None else {})
         | trainer.run_info(),

@@ -5,6 +5,7 @@ importing torch or transformers, which load for seconds.
 `of_command` gives the stages each `python -m distill` command runs, in order.
 """
 
+from functools import partial
 from pathlib import Path
 
 from edgedistill.common import manifest as mf
@@ -30,7 +31,24 @@ def pretrain(recipe: Recipe) -> Stage:
 def teacher(recipe: Recipe) -> Stage:
     """`runs/<recipe>/teacher/`: fine-tuned from the pretrain artifact when the recipe pretrains, else `model.init`."""
     parents = (pretrain(recipe),) if recipe.pretrain is not None else ()
-    return Stage("teacher", recipe, ("data", "model", "finetune"), body("edgedistill.distill.finetune"), parents)
+    return Stage(
+        "teacher",
+        recipe,
+        ("data", "model", "finetune"),
+        body("edgedistill.distill.finetune"),
+        parents,
+        also_stale=partial(_scored_in_another_style, recipe.text_style),
+    )
+
+
+def _scored_in_another_style(style: str, folder: Path) -> str | None:
+    """Why the teacher in `folder`, scored and chosen on dev texts written in the style its manifest records
+    (`info.text_style`), is not of `style`, the recipe's `text_style` (not hashed, so that teachers built before it was
+    recorded stay current); None when it is, or when it records none."""
+    scored = mf.load(folder, verify=False).info.get("text_style")
+    if scored in (None, style):
+        return None
+    return f"its dev and test texts were written {scored} (info.text_style), and transfer.text_style is {style}"
 
 
 def transfer(recipe: Recipe) -> Stage:
