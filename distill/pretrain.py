@@ -268,10 +268,15 @@ def build_stage(inputs: Inputs) -> Built | None:
         eval_texts = load_unlabelled(cfg.eval_files, cfg.eval_max_lines, "pretrain read eval" if shown else None)
     else:
         if len(texts) <= 2 * cfg.eval_holdout_lines:
+            cut = len(texts) == cfg.train_max_lines  # the files may hold more
             raise RecipeError(
-                f"pretrain.train_files: {len(texts)} non-empty lines are too few to hold out "
+                f"pretrain.train_files: {len(texts)} non-empty lines{' read' if cut else ''} are too few to hold out "
                 f"pretrain.eval_holdout_lines={cfg.eval_holdout_lines} for evaluation and train on at least as many; "
-                "lower eval_holdout_lines, or name pretrain.eval_files"
+                + (
+                    "lower eval_holdout_lines, name pretrain.eval_files, or raise pretrain.train_max_lines"
+                    if cut
+                    else "lower eval_holdout_lines, or name pretrain.eval_files"
+                )
             )
         texts, eval_texts = texts[: -cfg.eval_holdout_lines], texts[-cfg.eval_holdout_lines :]
     work = work_dir(inputs)

@@ -535,6 +535,18 @@ def test_a_key_a_students_optim_sets_wins_over_the_preset(tmp_path):
     assert optim == OptimConfig(lr=0.01, batch_size=64)
 
 
+def test_eval_max_lines_leaves_the_pretrain_hash_unchanged_where_train_lines_are_held_out(tmp_path):
+    path = write(tmp_path, MINIMAL + "pretrain: {train_files: [p.txt]}\n")
+    changed = load_recipe(path, {"pretrain.eval_max_lines": 50})
+    assert load_recipe(path).section_hash("pretrain") == changed.section_hash("pretrain")
+
+
+def test_eval_max_lines_changes_the_pretrain_hash_where_eval_files_are_read(tmp_path):
+    path = write(tmp_path, MINIMAL + "pretrain: {train_files: [p.txt], eval_files: [e.txt]}\n")
+    changed = load_recipe(path, {"pretrain.eval_max_lines": 50})
+    assert load_recipe(path).section_hash("pretrain") != changed.section_hash("pretrain")
+
+
 AUGMENTATION = {"max_augmented": 10, "p_mask": 0.3, "p_replace": 0.3, "p_ngram": 0.5}
 
 

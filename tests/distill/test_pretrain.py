@@ -180,8 +180,10 @@ def test_the_stage_holds_no_corpus_text_while_it_trains(monkeypatch):
     assert held == [0]
 
 
-def test_too_few_lines_to_hold_out_fail_naming_the_settings():
-    result = run_here(
+@pytest.fixture
+def too_few_to_hold_out():
+    """`distill pretrain` of the smoke recipe holding out 500 of the first 10 train lines."""
+    return run_here(
         "distill",
         "pretrain",
         ROOT / "recipes" / "smoke.yaml",
@@ -189,10 +191,17 @@ def test_too_few_lines_to_hold_out_fail_naming_the_settings():
         "--pretrain.train_max_lines=10",
         "--pretrain.eval_holdout_lines=500",
     )
-    assert result.returncode == 2
-    assert "pretrain.train_files: 10 non-empty lines are too few to hold out pretrain.eval_holdout_lines=500" in (
-        result.stderr
+
+
+def test_too_few_lines_to_hold_out_fail_naming_the_settings(too_few_to_hold_out):
+    assert too_few_to_hold_out.returncode == 2
+    assert "pretrain.train_files: 10 non-empty lines read are too few to hold out pretrain.eval_holdout_lines=500" in (
+        too_few_to_hold_out.stderr
     )
+
+
+def test_too_few_lines_to_hold_out_of_the_lines_train_max_lines_reads_suggest_raising_it(too_few_to_hold_out):
+    assert "name pretrain.eval_files, or raise pretrain.train_max_lines" in too_few_to_hold_out.stderr
 
 
 @pytest.mark.parametrize(
