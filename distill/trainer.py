@@ -587,8 +587,7 @@ class Trainer:
             else:
                 p.epoch += 1
                 p.step_in_epoch = 0
-        bar.close()
-        self._save_checkpoint(scheduler)
+        bar.close()  # the loop ends after an evaluation, which wrote the checkpoint, or without a step
         return p
 
     def _evaluate(self, evaluate, metric, on_best, scheduler) -> bool:

@@ -205,6 +205,54 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path):
     assert fit().global_step == stopped == 3
 
 
+def checkpoint_writes(monkeypatch) -> list[Path]:
+    """The checkpoint files the trainer writes from now on, one entry a write."""
+    written, write = [], trainer_module.atomic_write
+
+    def counted(path, how):
+        if path.name == CHECKPOINT:
+            written.append(path)
+        return write(path, how)
+
+    monkeypatch.setattr(trainer_module, "atomic_write", counted)
+    return written
+
+
+def fit_of_four_batches(tmp_path, scores=None, **optim):
+    """A linear model fitted on four 4-example batches an epoch; `scores`: what each evaluation gives."""
+    scores = iter(scores or [0.0] * 20)
+    cfg = OptimConfig(lr=0.1, batch_size=4, warmup_ratio=0.0, **optim)
+    return Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU).fit(
+        batches_for_epoch=lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)],
+        make_batch=lambda idx: (X[idx], Y[idx]),
+        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+        evaluate=lambda m: {"score": next(scores)},
+        metric="score",
+        on_best=lambda m, _: None,
+    )
+
+
+ENDINGS = {
+    "at_max_steps_between_evaluations": {"max_steps": 3, "eval_every": 2},
+    "at_the_last_epochs_end": {"epochs": 2},
+    "early": {"epochs": 5, "eval_every": 1, "patience": 2, "scores": [1.0] + [0.0] * 20},
+}
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_a_fit_ending_any_way_writes_its_checkpoint_once_per_evaluation(tmp_path, monkeypatch, ending):
+    written = checkpoint_writes(monkeypatch)
+    evaluations = len(fit_of_four_batches(tmp_path, **ENDINGS[ending]).history)
+    assert len(written) == evaluations
+
+
+def test_a_finished_fit_resumed_writes_no_checkpoint(tmp_path, monkeypatch):
+    fit_of_four_batches(tmp_path, epochs=1)
+    written = checkpoint_writes(monkeypatch)
+    fit_of_four_batches(tmp_path, epochs=1)
+    assert written == []
+
+
 def test_evaluation_runs_in_fp32_when_training_autocasts(tmp_path):
     seen = []
     cfg = OptimConfig(lr=0.1, batch_size=16, warmup_ratio=0.0, weight_decay=0.0)
