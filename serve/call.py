@@ -27,6 +27,7 @@ from edgedistill.common.settings import ENV_PREFIX
 from edgedistill.serve.client import (
     DEFAULT_ADDRESS,
     MAX_ATTEMPTS,
+    TIMEOUT,
     Client,
     LabelsUnavailable,
     timeout_problem,
@@ -46,6 +47,13 @@ MAX_TEXTS = Settings.model_fields["max_texts"].default
 WIRE_BYTES = 8
 # For a server that does not say its limit: half its default MAX_MESSAGE_BYTES
 BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
+# A Reload's deadline unless --timeout gives one: loading and warming up a model (a TensorRT engine) can take minutes
+RELOAD_TIMEOUT = 600.0
+# Where a Reload's deadline passed: the server goes on with the reload all the same
+RELOAD_GOES_ON = (
+    "the server goes on with the reload past the call's deadline: `edgedistill call --info` says which model serves, "
+    "the server's log (model_active or reload_failed) how the reload ended; give a longer --timeout to wait for it"
+)
 # How the server names a text or pair it refuses: "text" or "text pair", and its place in the call, counted from 0
 SERVER_NAMED_TEXT = re.compile(r"(text(?: pair)?) (\d+) ")
 
@@ -198,7 +206,11 @@ def _address(value: str) -> str:
 
 
 def _seconds(value: str) -> float:
-    if problem := timeout_problem(seconds := float(value)):
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {value!r}") from None
+    if problem := timeout_problem(seconds):
         raise argparse.ArgumentTypeError(problem)
     return seconds
 
@@ -251,7 +263,12 @@ def build_parser(prog: str = "python -m serve.call") -> argparse.ArgumentParser:
     parser.add_argument("--tls-ca", type=Path, help="CA certificate (PEM) to verify the server with; implies TLS")
     parser.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mutual TLS")
     parser.add_argument("--tls-key", type=Path, help="client private key (PEM) for mutual TLS")
-    parser.add_argument("--timeout", type=_seconds, default=10.0, help="deadline per call in seconds (default 10)")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        help=f"deadline per call in seconds (default {TIMEOUT:g}; for --reload {RELOAD_TIMEOUT:g}, as a model can take "
+        "minutes to load and warm up)",
+    )
     parser.add_argument(
         "--retries",
         type=int,
@@ -291,12 +308,7 @@ CLASSIFY_OPTIONS = {
 
 def check_arguments(args: argparse.Namespace) -> None:
     """`UsageError` for options given where they would do nothing: those of a classification with --info or
-    --reload, --model with --reload (a Reload call names no model), and a client certificate without its key or the
-    reverse."""
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise UsageError(
-            "--tls-cert and --tls-key go together (a client certificate and its key): give both or neither"
-        )
+    --reload, and --model with --reload (a Reload call names no model)."""
     command = "--info" if args.info else "--reload" if args.reload is not None else None
     if command is None:
         return
@@ -389,9 +401,13 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
             tls_ca=args.tls_ca,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
-            timeout=args.timeout,
+            timeout=args.timeout or (RELOAD_TIMEOUT if args.reload is not None else TIMEOUT),
             retries=args.retries,
         )
+    except ValueError as err:  # a client certificate without its key or the reverse (the CLI checks the rest first)
+        usage = re.sub(r"\btls_(cert|key)\b", r"--tls-\1", str(err))  # its parameters named as this CLI's options
+        print(f"{prog}: {usage}", file=sys.stderr)
+        return 2
     except ssl.SSLError as err:  # read, but not PEM, or a key that is not the certificate's
         print(f"{prog}: cannot use --tls-ca, --tls-cert or --tls-key ({TLS_FILES}): {err}", file=sys.stderr)
         return 2
@@ -433,6 +449,8 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
+        if args.reload is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            hint = RELOAD_GOES_ON
         hint = hint or _connection_hint(err, args.address, uses_tls(args.tls, args.tls_ca, args.tls_cert))
         error = {"code": err.code().name, "message": err.details()}
         error |= ({"where": where} if where else {}) | ({"hint": hint} if hint else {})

@@ -33,6 +33,7 @@ DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
 # A token the client refuses, as the server refuses such a TOKEN at start (`serve.settings.blank`): one set blank is a
 # mistake (a compose file's `${VAR:-}`), which would otherwise go as no token and fail UNAUTHENTICATED
 BLANK_TOKEN = "empty, 'none' or 'off', which no server's TOKEN can be"
+TIMEOUT = 10.0  # seconds: a call's deadline unless the caller gives one
 MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
@@ -140,7 +141,7 @@ class Client:
         tls_ca: Path | None = None,
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
-        timeout: float = 10.0,
+        timeout: float = TIMEOUT,
         retries: int = 3,
     ):
         """`retries`: more attempts of a call that failed with UNAVAILABLE or RESOURCE_EXHAUSTED (`retry_options`).

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import grpc
@@ -16,7 +17,7 @@ from edgedistill.serve import call as cli
 from edgedistill.serve import textfiles
 from edgedistill.serve.client import Client, LabelsUnavailable
 
-from tests.serve.conftest import settings_for, write_bundle
+from tests.serve.conftest import Gateway, settings_for, write_bundle
 from tests.serve.test_cascade import TEXTS, make_cascade
 from tests.serve.test_client import unused_address
 from tests.serve.test_operations import ADMIN_TOKEN
@@ -632,6 +633,12 @@ def test_a_timeout_that_is_not_above_zero_is_refused(timeout, capsys):
     assert exited.value.code == 2
 
 
+def test_a_timeout_that_is_no_number_is_refused_as_not_seconds(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--timeout", "10s", "good"])
+    assert "argument --timeout: must be a number of seconds, got '10s'" in capsys.readouterr().err
+
+
 def test_each_batch_is_written_before_the_next_is_asked_for():
     out = io.StringIO()
 
@@ -819,6 +826,65 @@ def test_a_reload_sends_the_admin_token_from_its_variable(start_server, bundle, 
     monkeypatch.setenv("EDGEDISTILL_ADMIN_TOKEN", "admin")
     code, _, err = run(capsys, "--address", server.address, "--reload")
     assert code == 0, err
+
+
+class DeadlineGateway(Gateway):
+    """A `Gateway` to the Classifier API that forwards each call's token too, and keeps the seconds each call has left
+    of its deadline as it comes in; with `hold`, it holds each reply until its caller has gone, as a server does whose
+    reload outlasts the call."""
+
+    def __init__(self, upstream: str, hold: bool):
+        super().__init__(upstream, ("/edgedistill.v1.Classifier/",))
+        self.hold, self.time_left = hold, []
+
+    def service(self, handler_call_details):
+        forward = self.upstream.unary_unary(handler_call_details.method)
+
+        def handle(request: bytes, context) -> bytes:
+            self.time_left.append(context.time_remaining())
+            token = [(key, value) for key, value in context.invocation_metadata() if key == "authorization"]
+            try:
+                reply = forward(request, metadata=token)
+            except grpc.RpcError as err:
+                context.abort(err.code(), err.details())
+            gone = threading.Event()
+            if self.hold and context.add_callback(gone.set):  # False: the call has already ended
+                gone.wait()
+            return reply
+
+        return grpc.unary_unary_rpc_method_handler(handle)
+
+
+@pytest.fixture
+def reload_through(start_server, bundle):
+    """`reload_through(capsys, hold, *argv) -> (DeadlineGateway, (code, out, err))`: `--reload` through a
+    `DeadlineGateway` to a server that takes Reload calls."""
+    server = start_server(settings_for(bundle, admin_token=ADMIN_TOKEN))
+    gateways = []
+
+    def reload(capsys, hold: bool, *argv: str):
+        gateways.append(DeadlineGateway(server.address, hold))
+        argv = ("--address", gateways[-1].address, "--token", ADMIN_TOKEN, "--reload", *argv)
+        return gateways[-1], run(capsys, *argv)
+
+    yield reload
+    for gateway in gateways:
+        gateway.close()
+
+
+def test_a_reload_without_a_timeout_has_minutes_to_load_and_warm_up(reload_through, capsys):
+    gateway, _ = reload_through(capsys, False)
+    assert gateway.time_left[0] > 60  # minutes, not a classification's seconds
+
+
+def test_a_reload_with_a_timeout_has_that_deadline(reload_through, capsys):
+    gateway, _ = reload_through(capsys, False, "--timeout", "30")
+    assert gateway.time_left[0] <= 30
+
+
+def test_a_reload_past_its_deadline_hints_that_the_server_goes_on_with_it(reload_through, capsys):
+    _, (_, _, err) = reload_through(capsys, True, "--timeout", "1")
+    assert json.loads(err)["error"]["hint"].startswith("the server goes on with the reload past the call's deadline")
 
 
 def test_a_token_variable_grpc_cannot_send_is_a_usage_error(served, monkeypatch, capsys):
