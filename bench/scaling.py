@@ -114,7 +114,7 @@ def measure(
 
 
 def worker_counts(asked: list[int], bundle: Path) -> list[int]:
-    """`asked` with 0 resolved as the server resolves it (one per usable core, as memory allows), in the memory the
+    """`asked` with 0 resolved as the measured server resolves it (`launch.resolved_workers`), in the memory the
     other counts' servers leave (`measure` runs them all at once), repeats dropped; `BenchError` when fewer than two
     counts are left, or when memory cannot hold every count's workers together."""
     memory, per_worker = launch.memory_per_worker(bundle)

@@ -96,19 +96,26 @@ def peer_python(peer: str, python: Path | None = None) -> Path:
     return found.absolute()
 
 
+def zero_workers_settings(bundle: Path) -> Settings:
+    """The settings of a measured server on `bundle` with WORKERS 0 (`measured_settings`), whose `EDGEDISTILL_*`
+    variables (MAX_CONCURRENT_RPCS, MAX_MESSAGE_BYTES) set the memory it counts per worker; its threads (here the
+    runtime's default) change no count."""
+    return measured_settings(serve_flags(bundle, 0, 0, workers=0))
+
+
 def memory_per_worker(bundle: Path) -> tuple[int, int]:
-    """The usable memory, and what the server counts for each of its workers on `bundle` (`serve.workers`)."""
-    return usable_memory(), worker_bytes(ServedModels.read(bundle).model_bytes)
+    """The usable memory, and what the measured server counts for each of its workers on `bundle` (`serve.workers`)."""
+    return usable_memory(), worker_bytes(ServedModels.read(bundle).model_bytes, zero_workers_settings(bundle))
 
 
 def resolved_workers(workers: int, bundle: Path, servers: int = 1) -> int:
-    """`workers`, or for 0 the count the server picks on `bundle` (one per usable core, as many as memory holds:
-    `serve.workers.worker_count`) where `servers` such servers share the memory at once: resolved here once, so that
-    the servers compared run the same count."""
+    """`workers`, or for 0 the count the measured server picks on `bundle` (one per usable core, as many as memory
+    holds: `serve.workers.worker_count` with `zero_workers_settings`) where `servers` such servers share the memory
+    at once: resolved here once, so that the servers compared run the same count."""
     if workers:
         return workers
     memory, per_worker = memory_per_worker(bundle)
-    return max(1, min(worker_count(Settings(bundle=bundle)), memory // per_worker // servers))
+    return max(1, min(worker_count(zero_workers_settings(bundle)), memory // per_worker // servers))
 
 
 def edgedistill(bundle: Path, model: str, threads: int, workers: int) -> Server:

@@ -34,6 +34,16 @@ def _whole_ticks(seconds: float, info: ValidationInfo) -> float:
     return seconds
 
 
+def _each_once(values: list, info: ValidationInfo) -> list:
+    """A list of what is measured, each value once."""
+    if repeated := sorted({value for value in values if values.count(value) > 1}):
+        raise ValueError(
+            f"{info.field_name} lists {', '.join(map(str, repeated))} more than once: a repeat is measured again for "
+            "the same figure, which it would replace; list each value once"
+        )
+    return values
+
+
 class SloConfig(Strict):
     """What a load-test run (or, for `step`, each step) must meet; a null threshold is not checked.
 
@@ -148,12 +158,18 @@ class SpikeLoad(LoadProfile):
 class ModelBenchConfig(Strict):
     """The model benchmark (`python -m bench models`): every bundle beside the teacher in PyTorch eager."""
 
-    batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 32], min_length=1)
-    seq_lens: list[PositiveInt] = Field(default_factory=lambda: [32, 64, 128], min_length=1)
+    batch_sizes: list[PositiveInt] = Field(
+        default_factory=lambda: [1, 32], min_length=1, description="batch sizes timed, each listed once"
+    )
+    seq_lens: list[PositiveInt] = Field(
+        default_factory=lambda: [32, 64, 128], min_length=1, description="sequence lengths timed, each listed once"
+    )
     warmup: int = Field(10, ge=0)
     iterations: int = Field(100, gt=0)
     min_seconds: float = Field(1.0, ge=0, description="keep timing until this much time has passed")
     threads: int = Field(2, gt=0, description="intra-op threads for PyTorch and ONNX Runtime alike")
+
+    _each_once = field_validator("batch_sizes", "seq_lens")(_each_once)
 
 
 class ServingBenchConfig(Strict):
@@ -215,7 +231,7 @@ class PeersBenchConfig(H2loadBenchConfig):
     instead, on one bundle, driven by h2load. A null target is not checked."""
 
     peers: list[Literal["kserve", "mlserver"]] = Field(
-        ["kserve", "mlserver"], min_length=1, description="the peers, each from its own environment"
+        ["kserve", "mlserver"], min_length=1, description="the peers, each listed once, each from its own environment"
     )
     connections: int = Field(
         16, ge=1, description="HTTP/2 connections at saturation (several, so worker processes share them)"
@@ -235,6 +251,8 @@ class PeersBenchConfig(H2loadBenchConfig):
         description="the server's p99 when paced at `rate` / the best peer's (the lowest); missed too where either "
         "failed a paced call or answered under 0.95 of the calls due",
     )
+
+    _each_once = field_validator("peers")(_each_once)
 
 
 class ScalingBenchConfig(H2loadBenchConfig):

@@ -193,6 +193,12 @@ def test_a_pair_bundle_is_timed_on_rows_of_the_cell_s_length(pair_bundle):
     assert models.bundle_feed(bundle, files.tokenizer, batch=3, length=9)["attention_mask"].shape == (3, 9)
 
 
+@pytest.mark.parametrize("field", ["batch_sizes", "seq_lens"])
+def test_a_shape_listed_twice_is_refused_naming_the_field_and_the_value(field):
+    with pytest.raises(ValueError, match=f"{field} lists 16 more than once"):
+        ModelBenchConfig(**{field: [16, 8, 16]})
+
+
 def test_a_length_too_short_for_a_pair_is_refused_with_the_setting_to_change(pair_bundle):
     bundle, files = read_bundle(pair_bundle)
     with pytest.raises(RecipeError, match="bench.models.seq_lens"):

@@ -11,6 +11,7 @@ from edgedistill.bench.records import ServingResult, Spread
 from edgedistill.common.cascade import ServedModels
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.serve import workers
+from edgedistill.serve.settings import Settings
 
 from tests.bench.test_h2load import needs_h2load
 from tests.serve.conftest import ROOT
@@ -33,6 +34,15 @@ def test_zero_workers_resolves_in_the_memory_the_other_counts_leave(bundle, monk
     for module in (workers, launch):
         monkeypatch.setattr(module, "usable_memory", lambda: memory_for(bundle, 6))
     assert scaling.worker_counts([1, 2, 0], bundle) == [1, 2, 3]
+
+
+def test_zero_workers_resolves_as_the_measured_server_counts_its_memory(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_MAX_CONCURRENT_RPCS", "8192")
+    monkeypatch.setattr(workers, "usable_cores", lambda: 4)
+    held = 3 * workers.worker_bytes(ServedModels.read(bundle).model_bytes, Settings(max_concurrent_rpcs=8192))
+    for module in (workers, launch):
+        monkeypatch.setattr(module, "usable_memory", lambda: held)
+    assert scaling.worker_counts([1, 0], bundle) == [1, 2]
 
 
 def test_counts_whose_workers_memory_cannot_hold_together_are_a_bench_error(bundle, monkeypatch):

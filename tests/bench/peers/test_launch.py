@@ -9,7 +9,9 @@ import pytest
 from edgedistill.bench import BenchError
 from edgedistill.bench.peers import launch
 from edgedistill.common.cascade import ServedModels
+from edgedistill.common.config.measure import PeersBenchConfig
 from edgedistill.serve import workers
+from edgedistill.serve.settings import Settings
 
 
 def test_the_server_runs_the_workers_asked_for(bundle):
@@ -67,6 +69,11 @@ def test_mlserver_starts_with_the_environments_mlserver_command(tmp_path, bundle
     assert server.command[:2] == ["/envs/mlserver/bin/mlserver", "start"]
 
 
+def test_a_peer_listed_twice_is_refused_naming_it():
+    with pytest.raises(ValueError, match="peers lists kserve more than once"):
+        PeersBenchConfig(peers=["kserve", "mlserver", "kserve"])
+
+
 def test_a_missing_peer_environment_names_the_set_up_command(tmp_path):
     with pytest.raises(BenchError, match="make peers-setup"):
         launch.peer_python("kserve", tmp_path / "python")
@@ -101,6 +108,21 @@ def test_zero_workers_resolves_in_the_memory_the_servers_compared_share(bundle, 
     for module in (workers, launch):
         monkeypatch.setattr(module, "usable_memory", lambda: held)
     assert launch.resolved_workers(0, bundle, servers=2) == 2
+
+
+def test_the_memory_per_worker_is_counted_with_the_measured_servers_variables(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_MAX_CONCURRENT_RPCS", "8192")
+    measured = workers.worker_bytes(ServedModels.read(bundle).model_bytes, Settings(max_concurrent_rpcs=8192))
+    assert launch.memory_per_worker(bundle)[1] == measured
+
+
+def test_zero_workers_resolve_as_the_measured_server_counts_its_memory(bundle, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_MAX_CONCURRENT_RPCS", "8192")
+    monkeypatch.setattr(workers, "usable_cores", lambda: 4)
+    held = 2 * workers.worker_bytes(ServedModels.read(bundle).model_bytes, Settings(max_concurrent_rpcs=8192))
+    for module in (workers, launch):
+        monkeypatch.setattr(module, "usable_memory", lambda: held)
+    assert launch.resolved_workers(0, bundle) == 2
 
 
 def log_line(event: str, msg: str) -> str:
