@@ -33,6 +33,7 @@ from its thread). Imports no grpc: the transport maps the errors raised here (`O
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import math
 import time
@@ -255,7 +256,10 @@ class DynamicBatcher:
         old batcher is retired)."""
         self.observer.queue_depth(self._queued)
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run_forever(), name="batcher")
+            # in a context of its own: the starter's (a Reload call's request id) is no later call's
+            self._task = asyncio.get_running_loop().create_task(
+                self._run_forever(), name="batcher", context=contextvars.Context()
+            )
 
     def retire(self) -> None:
         """Leave the queue-depth gauge to the batcher that replaced this one, as a reload's two queues share it (its

@@ -39,7 +39,8 @@ def _timed(handler: type) -> type:
             self.deadline.daemon = True
             self.deadline.start()
             try:
-                super().handle()
+                with contextlib.suppress(OSError):  # cut, timed out or gone: nobody to answer, nothing for the log
+                    super().handle()
             finally:
                 self.deadline.cancel()
 

@@ -1,6 +1,7 @@
 """The dynamic batcher against a fake backend: batching, order, padding, limits, cancellation."""
 
 import asyncio
+import json
 import random
 import sys
 import threading
@@ -20,6 +21,7 @@ from edgedistill.serve.batching import (
 )
 from edgedistill.serve.costmodel import BackendCost
 from edgedistill.serve.errors import DEADLINE_SLACK_S, BatcherClosed, DeadlineExpired, Overloaded, ServerFault
+from edgedistill.serve.logs import REQUEST_ID, JsonFormatter
 from edgedistill.serve.metrics import Metrics
 from edgedistill.serve.settings import Settings
 
@@ -823,6 +825,22 @@ def test_a_batch_answered_with_too_many_rows_reports_the_fault_once():
 def test_a_batch_answered_with_too_many_rows_tells_the_callers_what_the_backend_did():
     results, _ = miscounted_batch()
     assert "answered a call of 2 rows with {'sum': 3} rows" in str(results[0])
+
+
+def test_a_fault_of_a_batcher_started_during_a_call_logs_no_request_id(caplog):
+    async def main():
+        started_by = REQUEST_ID.set("the-reload-call")
+        b = batcher(one_row_too_many)
+        b.start()
+        REQUEST_ID.reset(started_by)
+        await asyncio.gather(b.submit([row(1)]), return_exceptions=True)
+        await b.close()
+
+    caplog.handler.setFormatter(JsonFormatter())  # formats each record as it is logged, in the logging task
+    with caplog.at_level("ERROR", logger="edgedistill.serve.batching"):
+        asyncio.run(main())
+    (fault,) = [entry for entry in map(json.loads, caplog.text.splitlines()) if entry.get("event") == "batcher_fault"]
+    assert "request_id" not in fault
 
 
 def test_a_batch_answered_with_too_few_rows_answers_none_of_its_requests():

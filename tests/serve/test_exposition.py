@@ -1,6 +1,7 @@
 """The HTTP server of `/metrics`, and the supervisor's sums of its workers' metrics and process figures."""
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -69,18 +70,23 @@ def test_the_metrics_port_closes_a_connection_that_sends_no_request(monkeypatch)
         stop_http(server)
 
 
-def open_for(connection: socket.socket, seconds: float) -> float:
-    """Send a request's first line, then a header line every 0.2 s (each read of the server's well within its own
-    timeout) for up to `seconds`; how long the server kept the connection open."""
+def open_for(
+    connection: socket.socket,
+    seconds: float,
+    start: bytes = b"GET /metrics HTTP/1.1\r\nHost: x\r\n",
+    more: bytes = b"X-A: b\r\n",
+) -> float:
+    """Send `start` (a request's first line), then `more` (a header line) every 0.2 s (each read of the server's well
+    within its own timeout) for up to `seconds`; how long the server kept the connection open."""
     started = time.monotonic()
     connection.settimeout(0.2)
     try:
-        connection.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        connection.sendall(start)
         while time.monotonic() - started < seconds:
             with contextlib.suppress(TimeoutError):
                 if connection.recv(1) == b"":
                     break
-            connection.sendall(b"X-A: b\r\n")
+            connection.sendall(more)
     except ConnectionError:
         pass
     return time.monotonic() - started
@@ -94,6 +100,25 @@ def test_the_metrics_port_closes_a_connection_that_trickles_its_request_past_the
             assert open_for(slow, 3) < 2
     finally:
         stop_http(server)
+
+
+def test_a_connection_cut_mid_request_line_writes_nothing_but_json_lines_to_stderr(monkeypatch, capfd):
+    monkeypatch.setattr(exposition, "HTTP_TIMEOUT_S", 0.5)
+    server = serve_http(Metrics().registry, "127.0.0.1", 0)
+    server.daemon_threads = False  # `stop_http` then waits for the connection's thread, and all it writes
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as slow:
+            open_for(slow, 3, start=b"GE", more=b"T")  # a request line that never ends
+    finally:
+        stop_http(server)
+    assert [line for line in capfd.readouterr().err.splitlines() if not is_json_object(line)] == []
+
+
+def is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def test_the_metrics_port_answers_a_request_sent_whole(monkeypatch):
