@@ -69,7 +69,6 @@ class Manifest(BaseModel):
     info: dict[str, Any] = {}
     versions: dict[str, str] = {}
     created: str = ""
-    wall_seconds: float = 0.0
 
 
 def sha256_file(path: Path) -> str:
@@ -441,14 +440,20 @@ def changes(old: dict, new: dict, most: int = 3) -> str:
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists stay whole."""
+    """`{"a": {"b": 1}, "c": [2, 3]}` -> `{"a.b": 1, "c[0]": 2, "c[1]": 3}`, keyed as `gone_paths` names them (an
+    empty list has no key, an empty dict its own)."""
     out = {}
     for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out |= _flat(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
+        out |= _flat_value(value, f"{prefix}{key}")
     return out
+
+
+def _flat_value(value, key: str) -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        return _flat(value, f"{key}.")
+    if isinstance(value, list):
+        return {name: item for index, v in enumerate(value) for name, item in _flat_value(v, f"{key}[{index}]").items()}
+    return {key: value}
 
 
 @contextmanager
@@ -500,7 +505,6 @@ def for_stage(
         recipe_hash=recipe.hash,
         config_hash=config_hash,
         metrics=(metrics or {}) | {"wall_seconds": watch.seconds},
-        wall_seconds=watch.seconds,
         **fields,
     )
 

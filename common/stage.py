@@ -132,13 +132,16 @@ def _take_earlier(work: Path, work_key: str, watch: mf.Stopwatch) -> None:
 def _wall_kept(inputs: Inputs, watch: mf.Stopwatch):
     """Where the build stops (Ctrl-C, SIGTERM, an error) and leaves its work folder to resume, keep its wall time so
     far there, with that of the runs before it whose work it went on with: the run that publishes adds it, so that
-    `wall_seconds` is the build's over its runs (those a SIGKILL, or the out-of-memory killer, ended left out)."""
+    `wall_seconds` is the build's over its runs (those a SIGKILL, or the out-of-memory killer, ended left out). The
+    record is kept where it can be: one that cannot be written (a full device) is lost, not raised over the error
+    that stopped the build."""
     try:
         yield
     except BaseException:
         if inputs.work.is_dir() and main_rank():
-            _take_earlier(inputs.work, inputs.work_key, watch)
-            atomic_write(inputs.work / WALL, json.dumps({"work_key": inputs.work_key, "seconds": watch.seconds}))
+            with contextlib.suppress(OSError):
+                _take_earlier(inputs.work, inputs.work_key, watch)
+                atomic_write(inputs.work / WALL, json.dumps({"work_key": inputs.work_key, "seconds": watch.seconds}))
         raise
 
 

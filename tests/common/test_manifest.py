@@ -116,6 +116,13 @@ def test_failed_stage_leaves_old_artifact_untouched(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["stage"]
 
 
+def test_a_manifest_of_an_earlier_release_with_its_wall_time_at_the_top_is_current(tmp_path):
+    publish(tmp_path)
+    path = tmp_path / "stage" / mf.MANIFEST
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"wall_seconds": 12.0}))
+    assert mf.staleness(tmp_path / "stage", "c") is None
+
+
 def publish_child(tmp_path) -> dict:
     """A parent artifact and a child built from it; the child's parents (name -> folder)."""
     publish(tmp_path, "parent")
@@ -302,6 +309,18 @@ def test_a_setting_whose_file_is_gone_is_said_to_be_not_found(tmp_path):
     was = {"settings": {"data": {"train": "sha256:0"}}}
     now = {"settings": {"data": {"train": str(tmp_path / "train.tsv")}}}
     assert mf.changes(was, now).startswith(f"data.train: {tmp_path / 'train.tsv'} not found (set EDGEDISTILL_DATA_DIR")
+
+
+def test_a_data_file_in_a_list_whose_contents_changed_is_said_so_by_its_key_in_the_list():
+    was = {"settings": {"pretrain": {"train_files": ["sha256:0"]}}}
+    now = {"settings": {"pretrain": {"train_files": ["sha256:1"]}}}
+    assert mf.changes(was, now) == "pretrain.train_files[0]: its contents changed"
+
+
+def test_a_file_added_to_a_list_is_said_by_its_key_in_the_list():
+    was = {"settings": {"transfer": {"unlabelled_files": ["sha256:0"]}}}
+    now = {"settings": {"transfer": {"unlabelled_files": ["sha256:0", "sha256:1"]}}}
+    assert mf.changes(was, now) == 'transfer.unlabelled_files[1] null -> "sha256:1"'
 
 
 @pytest.mark.parametrize("value", ["/no/such/file.tsv", "./no-such.tsv", "runs/no-run/teacher", "~/no-such-folder"])

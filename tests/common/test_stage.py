@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -813,7 +814,7 @@ def test_a_resumed_build_records_the_wall_time_of_its_runs_together(recipe, cloc
     stage = Stage("up", recipe(), ("data",), stopped_after(clock, 0.5))
     with pytest.raises(KeyboardInterrupt):
         stage.run()
-    assert stage.run().wall_seconds == 0.5
+    assert stage.run().metrics["wall_seconds"] == 0.5
 
 
 def test_a_build_stopped_twice_records_the_wall_time_of_its_three_runs_together(recipe, clock):
@@ -821,21 +822,21 @@ def test_a_build_stopped_twice_records_the_wall_time_of_its_three_runs_together(
     for _ in range(2):
         with pytest.raises(KeyboardInterrupt):
             stage.run()
-    assert stage.run().wall_seconds == 0.6
+    assert stage.run().metrics["wall_seconds"] == 0.6
 
 
 def test_the_wall_time_kept_for_another_config_is_not_added(recipe, clock):
     stage = Stage("up", recipe(), ("data",), stopped_after(clock, 0.5))
     with pytest.raises(KeyboardInterrupt):
         stage.run()
-    assert Stage("up", recipe(**{"data.dev": "other"}), ("data",), writer("a.txt")).run().wall_seconds == 0
+    assert Stage("up", recipe(**{"data.dev": "other"}), ("data",), writer("a.txt")).run().metrics["wall_seconds"] == 0
 
 
 def test_a_forced_run_leaves_out_the_wall_time_of_the_work_it_started_over_from(recipe, clock):
     stage = Stage("up", recipe(), ("data",), stopped_after(clock, 0.5))
     with pytest.raises(KeyboardInterrupt):
         stage.run()
-    assert stage.run(force=True).wall_seconds == 0
+    assert stage.run(force=True).metrics["wall_seconds"] == 0
 
 
 def test_the_wall_time_kept_for_work_on_a_parent_built_again_since_is_not_added(recipe, clock):
@@ -845,7 +846,49 @@ def test_the_wall_time_kept_for_work_on_a_parent_built_again_since_is_not_added(
     with pytest.raises(KeyboardInterrupt):
         child.run()
     Stage("parent", recipe(), ("data",), writer("p.txt", "retrained")).run(force=True)
-    assert child.run().wall_seconds == 0
+    assert child.run().metrics["wall_seconds"] == 0
+
+
+def test_a_published_manifest_records_its_wall_time_among_its_metrics_alone(recipe):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    assert "wall_seconds" not in json.loads((stage.folder / mf.MANIFEST).read_text())
+
+
+def filled(folder: Path) -> None:
+    """Take every free block of `folder`'s device."""
+    with open(folder / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"x" * 65536)
+
+
+def stopped_on_a_full_device(error: BaseException | None = None):
+    """A build body that fills its device while it works in its resumable work, then raises `error`, or, without
+    one, writes its checkpoint."""
+
+    def build(inputs):
+        work = inputs.resumable_work()
+        work.mkdir(parents=True, exist_ok=True)
+        filled(run_dir(inputs.recipe))
+        if error is not None:
+            raise error
+        atomic.atomic_write(work / "checkpoint.pt", b"x" * 8192)
+
+    return build
+
+
+def test_a_checkpoint_write_on_a_full_device_is_reported_as_that_write(recipe, small_fs, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(small_fs))
+    stage = Stage("up", recipe(), ("data",), stopped_on_a_full_device())
+    with pytest.raises(atomic.DiskFull, match=r"\(writing checkpoint\.pt\)"):
+        stage.run()
+
+
+def test_ctrl_c_on_a_full_device_stays_an_interrupt(recipe, small_fs, monkeypatch):
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(small_fs))
+    stage = Stage("up", recipe(), ("data",), stopped_on_a_full_device(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        stage.run()
 
 
 @pytest.fixture

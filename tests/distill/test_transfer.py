@@ -673,7 +673,7 @@ def test_the_wall_time_of_a_stopped_transfer_counts_when_another_precision_label
     wall.write_text(json.dumps(json.loads(wall.read_text()) | {"seconds": 3600.0}))
     resumed = run_stage("transfer", SMOKE, "--name=wall", *SMALL, "--runtime.precision=fp32")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert mf.load(straight / "wall" / "transfer").wall_seconds >= 3600
+    assert mf.load(straight / "wall" / "transfer").metrics["wall_seconds"] >= 3600
 
 
 def transfer_with_labeller(runs, name: str, *extra: str) -> subprocess.CompletedProcess:
