@@ -827,7 +827,7 @@ def test_a_batch_answered_with_too_many_rows_tells_the_callers_what_the_backend_
     assert "answered a call of 2 rows with {'sum': 3} rows" in str(results[0])
 
 
-def test_a_fault_of_a_batcher_started_during_a_call_logs_no_request_id(caplog):
+def test_a_fault_of_a_batcher_started_during_a_call_logs_no_request_id(caplog, monkeypatch):
     async def main():
         started_by = REQUEST_ID.set("the-reload-call")
         b = batcher(one_row_too_many)
@@ -836,7 +836,8 @@ def test_a_fault_of_a_batcher_started_during_a_call_logs_no_request_id(caplog):
         await asyncio.gather(b.submit([row(1)]), return_exceptions=True)
         await b.close()
 
-    caplog.handler.setFormatter(JsonFormatter())  # formats each record as it is logged, in the logging task
+    # formats each record as it is logged, in the logging task; pytest keeps one handler for every test: put back
+    monkeypatch.setattr(caplog.handler, "formatter", JsonFormatter())
     with caplog.at_level("ERROR", logger="edgedistill.serve.batching"):
         asyncio.run(main())
     (fault,) = [entry for entry in map(json.loads, caplog.text.splitlines()) if entry.get("event") == "batcher_fault"]

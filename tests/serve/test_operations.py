@@ -96,10 +96,11 @@ def test_health_is_not_serving_until_warm_then_serving_then_not_serving_while_dr
     channel.close()
 
 
-def capture_json(caplog) -> None:
+def capture_json(caplog, monkeypatch) -> None:
     """Capture the server's JSON log lines from here on, formatted as they are logged (request ids and all); what
-    was captured before (such as asyncio's line about a task of an earlier test collected meanwhile) is dropped."""
-    caplog.handler.setFormatter(JsonFormatter())
+    was captured before (such as asyncio's line about a task of an earlier test collected meanwhile) is dropped.
+    pytest keeps one capture handler for every test: its formatter is put back after the test."""
+    monkeypatch.setattr(caplog.handler, "formatter", JsonFormatter())
     caplog.clear()
 
 
@@ -108,12 +109,12 @@ def logged_events(caplog) -> set[str]:
     return {json.loads(line).get("event") for line in caplog.text.splitlines()}
 
 
-def stop_with_a_call_held(server, gate, cancel_it: bool, caplog) -> dict:
+def stop_with_a_call_held(server, gate, cancel_it: bool, caplog, monkeypatch) -> dict:
     """Stop `server` while a Classify call is held in the tokenizer, with a grace of 0.3 s; `cancel_it`: its client
     cancels it meanwhile, before the grace runs out (of 5 s then, so that a stall of the machine does not let it run
     out first; the cancelled call ends the drain). The client's status code, the server's scrape after it stopped
     and its log lines."""
-    capture_json(caplog)
+    capture_json(caplog, monkeypatch)
     with caplog.at_level(logging.INFO), server.channel() as channel:
         call = classifier_pb2_grpc.ClassifierStub(channel).Classify.future(
             pb.ClassifyRequest(texts=[GATED]), timeout=30
@@ -130,9 +131,9 @@ def stop_with_a_call_held(server, gate, cancel_it: bool, caplog) -> dict:
 
 
 @pytest.fixture
-def cut_at_shutdown(start_server, bundle, slow_tokenizer, caplog):
+def cut_at_shutdown(start_server, bundle, slow_tokenizer, caplog, monkeypatch):
     """A call still running when the shutdown's grace ran out."""
-    return stop_with_a_call_held(start_server(settings_for(bundle)), slow_tokenizer, False, caplog)
+    return stop_with_a_call_held(start_server(settings_for(bundle)), slow_tokenizer, False, caplog, monkeypatch)
 
 
 def test_a_call_cut_by_the_shutdown_ends_unavailable_for_its_client(cut_at_shutdown):
@@ -160,9 +161,9 @@ def test_the_stopped_line_counts_the_calls_the_shutdown_cut(cut_at_shutdown):
 
 
 def test_a_call_its_client_cancels_during_the_drain_is_counted_as_abandoned(
-    start_server, bundle, slow_tokenizer, caplog
+    start_server, bundle, slow_tokenizer, caplog, monkeypatch
 ):
-    cancelled = stop_with_a_call_held(start_server(settings_for(bundle)), slow_tokenizer, True, caplog)
+    cancelled = stop_with_a_call_held(start_server(settings_for(bundle)), slow_tokenizer, True, caplog, monkeypatch)
     assert metric(cancelled["scrape"], "edgedistill_abandoned_calls_total", code="CANCELLED") == 1
 
 
@@ -506,11 +507,11 @@ def test_a_call_whose_deadline_passes_while_its_request_is_awaited_is_counted_as
 
 
 @pytest.fixture
-def unsent_at_shutdown(start_server, bundle, caplog, request_awaited) -> dict:
+def unsent_at_shutdown(start_server, bundle, caplog, monkeypatch, request_awaited) -> dict:
     """A call with the token whose message had not come when the shutdown's grace (0.3 s) ran out: the server's
     scrape after it stopped, and its log lines."""
     server = start_server(settings_for(bundle, token="s3cret"))
-    capture_json(caplog)
+    capture_json(caplog, monkeypatch)
     sent = threading.Event()
 
     def stalled():
@@ -734,9 +735,9 @@ def test_reload_swaps_the_model_without_dropping_requests(start_server, make_bun
     assert metric(text, "edgedistill_model_info", version="1") == 0
 
 
-def test_a_reload_call_is_logged_with_its_trigger_peer_and_request_id(start_server, make_bundle, caplog):
+def test_a_reload_call_is_logged_with_its_trigger_peer_and_request_id(start_server, make_bundle, caplog, monkeypatch):
     server = start_server(settings_for(make_bundle("v1"), admin_token=ADMIN_TOKEN))
-    capture_json(caplog)
+    capture_json(caplog, monkeypatch)
     with caplog.at_level(logging.INFO, logger=serve_host.__name__), server.channel() as channel:
         classifier_pb2_grpc.ClassifierStub(channel).Reload(
             pb.ReloadRequest(), metadata=[*ADMIN, ("x-request-id", "swap-1")], timeout=10
