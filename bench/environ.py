@@ -62,31 +62,34 @@ def measured_settings(flags: list[str]) -> Settings:
 _said: set[str] = set()  # the variables `say_left_out` has named in this process
 
 
+# Why each group of variables is left out, and of which servers: what `say_left_out` says of it
+LEFT_OUT_BECAUSE = (
+    (
+        PORT_VARIABLES,
+        "the servers measured here: the measurement sets their metrics (off, or on a loopback port of its own) and "
+        "checks their health on the gRPC port; the server you deploy reads them as set",
+    ),
+    (
+        CASCADE_VARIABLES,
+        "the single bundles measured here, which take no cascade setting; a cascade runs with it, as the one you "
+        "deploy does",
+    ),
+    (
+        SUPERVISOR_VARIABLES,
+        "the one-process servers measured here, which have no supervisor to time their start; servers of several "
+        "workers run with it, as the one you deploy does",
+    ),
+)
+
+
 def say_left_out(names: tuple[str, ...]) -> None:
     """Say on stderr, once per process for each of `names`, that the servers measured here run without it, and why:
     a cascade and its last member alone (`bench cascade`) leave out different sets, and each is named once."""
     new = [name for name in names if name not in _said]
     _said.update(new)
-    if ports := [name for name in new if name in PORT_VARIABLES]:
-        print(
-            f"[bench] {', '.join(ports)} left out of the environment of the servers measured here: the measurement "
-            "sets their metrics (off, or on a loopback port of its own) and checks their health on the gRPC port; "
-            "the server you deploy reads them as set",
-            file=sys.stderr,
-        )
-    if cascade := [name for name in new if name in CASCADE_VARIABLES]:
-        print(
-            f"[bench] {', '.join(cascade)} left out of the environment of the single bundles measured here, which "
-            "take no cascade setting; a cascade runs with it, as the one you deploy does",
-            file=sys.stderr,
-        )
-    if supervisor := [name for name in new if name in SUPERVISOR_VARIABLES]:
-        print(
-            f"[bench] {', '.join(supervisor)} left out of the environment of the one-process servers measured here, "
-            "which have no supervisor to time their start; servers of several workers run with it, as the one you "
-            "deploy does",
-            file=sys.stderr,
-        )
+    for group, because in LEFT_OUT_BECAUSE:
+        if left := [name for name in new if name in group]:
+            print(f"[bench] {', '.join(left)} left out of the environment of {because}", file=sys.stderr)
 
 
 def serve_flags(bundle: Path, port: int, threads: int, workers: int = 1, metrics_port: int | None = None) -> list[str]:
