@@ -3,6 +3,10 @@
 from pathlib import Path
 
 import pytest
+from edgedistill.bench.peers import launch
+from edgedistill.common.cascade import ServedModels
+from edgedistill.serve import workers
+from edgedistill.serve.settings import Settings
 
 from tests.serve.conftest import RunningServer, pair_spec, settings_for, write_bundle
 
@@ -24,3 +28,11 @@ def served(bundle):
     server = RunningServer(settings_for(bundle))
     yield server
     server.close()
+
+
+def hold_workers(monkeypatch, bundle: Path, count: int, settings: Settings | None = None) -> None:
+    """Make the usable memory, as the server's workers and the peer launcher read it, hold `count` of the server's
+    workers on `bundle`, each counted with `settings` (None: the defaults)."""
+    held = count * workers.worker_bytes(ServedModels.read(bundle).model_bytes, settings)
+    for module in (workers, launch):
+        monkeypatch.setattr(module, "usable_memory", lambda: held)

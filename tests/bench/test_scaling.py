@@ -6,13 +6,12 @@ from pathlib import Path
 import pytest
 from edgedistill.bench import BenchError, scaling
 from edgedistill.bench.__main__ import checked_targets, main
-from edgedistill.bench.peers import launch
 from edgedistill.bench.records import ServingResult, Spread
-from edgedistill.common.cascade import ServedModels
 from edgedistill.common.config.measure import ScalingBenchConfig
 from edgedistill.serve import workers
 from edgedistill.serve.settings import Settings
 
+from tests.bench.conftest import hold_workers
 from tests.bench.test_h2load import needs_h2load
 from tests.serve.conftest import ROOT
 
@@ -24,30 +23,21 @@ def test_zero_workers_resolves_as_the_server_does_and_repeats_are_dropped(bundle
     assert scaling.worker_counts([1, 4, 0, 2], bundle) == [1, 4, 2]
 
 
-def memory_for(bundle, count: int) -> int:
-    """The usable memory that holds `count` of the server's workers on `bundle`."""
-    return count * workers.worker_bytes(ServedModels.read(bundle).model_bytes)
-
-
 def test_zero_workers_resolves_in_the_memory_the_other_counts_leave(bundle, monkeypatch):
     monkeypatch.setattr(workers, "usable_cores", lambda: 4)
-    for module in (workers, launch):
-        monkeypatch.setattr(module, "usable_memory", lambda: memory_for(bundle, 6))
+    hold_workers(monkeypatch, bundle, 6)
     assert scaling.worker_counts([1, 2, 0], bundle) == [1, 2, 3]
 
 
 def test_zero_workers_resolves_as_the_measured_server_counts_its_memory(bundle, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_MAX_CONCURRENT_RPCS", "8192")
     monkeypatch.setattr(workers, "usable_cores", lambda: 4)
-    held = 3 * workers.worker_bytes(ServedModels.read(bundle).model_bytes, Settings(max_concurrent_rpcs=8192))
-    for module in (workers, launch):
-        monkeypatch.setattr(module, "usable_memory", lambda: held)
+    hold_workers(monkeypatch, bundle, 3, Settings(max_concurrent_rpcs=8192))
     assert scaling.worker_counts([1, 0], bundle) == [1, 2]
 
 
 def test_counts_whose_workers_memory_cannot_hold_together_are_a_bench_error(bundle, monkeypatch):
-    for module in (workers, launch):
-        monkeypatch.setattr(module, "usable_memory", lambda: memory_for(bundle, 5))
+    hold_workers(monkeypatch, bundle, 5)
     with pytest.raises(BenchError, match=r"6 workers in all, and the usable memory .* holds 5"):
         scaling.worker_counts([2, 4], bundle)
 

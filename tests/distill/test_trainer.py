@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import itertools
 import time
 import weakref
 from pathlib import Path
@@ -22,6 +23,26 @@ from tests.distill.ranks import on_two_ranks
 CPU = resolve(RuntimeConfig(device="cpu", precision="fp32"))
 X = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
 Y = X @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+
+
+def fit_four_batches(trainer: Trainer, scores=None):
+    """`trainer` fitted on X in four 4-example batches an epoch, a squared loss; `scores`: what each evaluation gives
+    (an iterator given to two fits is shared by them)."""
+    scores = iter(scores or [0.0] * 20)
+    return trainer.fit(
+        batches_for_epoch=lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)],
+        make_batch=lambda idx: (X[idx], Y[idx]),
+        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+        evaluate=lambda m: {"score": next(scores)},
+        metric="score",
+        on_best=lambda m, _: None,
+    )
+
+
+def fit_of_four_batches(tmp_path, scores=None, **optim):
+    """A linear model fitted on four 4-example batches an epoch (`fit_four_batches`)."""
+    cfg = OptimConfig(lr=0.1, batch_size=4, warmup_ratio=0.0, **optim)
+    return fit_four_batches(Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU), scores)
 
 
 def trained(tmp_path, key: str = "h", **optim) -> Trainer:
@@ -190,16 +211,7 @@ def test_a_run_that_stopped_early_stays_stopped_when_resumed(tmp_path):
     scores = iter([1.0] + [0.0] * 20)  # never improves after the first evaluation
 
     def fit():
-        cfg = OptimConfig(lr=0.1, batch_size=4, epochs=5, eval_every=1, patience=2, warmup_ratio=0.0)
-        trainer = Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU)
-        return trainer.fit(
-            batches_for_epoch=lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)],
-            make_batch=lambda idx: (X[idx], Y[idx]),
-            loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
-            evaluate=lambda m: {"score": next(scores)},
-            metric="score",
-            on_best=lambda m, _: None,
-        )
+        return fit_of_four_batches(tmp_path, scores, epochs=5, eval_every=1, patience=2)
 
     stopped = fit().global_step
     assert fit().global_step == stopped == 3
@@ -216,20 +228,6 @@ def checkpoint_writes(monkeypatch) -> list[Path]:
 
     monkeypatch.setattr(trainer_module, "atomic_write", counted)
     return written
-
-
-def fit_of_four_batches(tmp_path, scores=None, **optim):
-    """A linear model fitted on four 4-example batches an epoch; `scores`: what each evaluation gives."""
-    scores = iter(scores or [0.0] * 20)
-    cfg = OptimConfig(lr=0.1, batch_size=4, warmup_ratio=0.0, **optim)
-    return Trainer(torch.nn.Linear(4, 1), cfg, tmp_path, "h", "test", CPU).fit(
-        batches_for_epoch=lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)],
-        make_batch=lambda idx: (X[idx], Y[idx]),
-        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
-        evaluate=lambda m: {"score": next(scores)},
-        metric="score",
-        on_best=lambda m, _: None,
-    )
 
 
 ENDINGS = {
@@ -653,14 +651,7 @@ class LinearWithPositions(torch.nn.Linear):
 def test_the_moving_average_keeps_integer_buffers_exact(tmp_path):
     cfg = OptimConfig(lr=0.1, batch_size=4, warmup_ratio=0.0, ema_decay=0.9995)
     trainer = Trainer(LinearWithPositions(), cfg, tmp_path, "h", "test", CPU)
-    trainer.fit(
-        batches_for_epoch=lambda epoch: [list(range(i, i + 4)) for i in range(0, 16, 4)],
-        make_batch=lambda idx: (X[idx], Y[idx]),
-        loss_fn=lambda m, batch: torch.nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
-        evaluate=lambda m: {"score": 0.0},
-        metric="score",
-        on_best=lambda m, _: None,
-    )
+    fit_four_batches(trainer, itertools.repeat(0.0))
     assert torch.equal(trainer.ema.module.positions, torch.arange(64))
 
 

@@ -13,6 +13,8 @@ from edgedistill.common.config.measure import PeersBenchConfig
 from edgedistill.serve import workers
 from edgedistill.serve.settings import Settings
 
+from tests.bench.conftest import hold_workers
+
 
 def test_the_server_runs_the_workers_asked_for(bundle):
     command = launch.edgedistill(bundle, "tiny-sentiment", 1, 3).command
@@ -104,9 +106,7 @@ def test_zero_workers_resolve_to_as_many_as_memory_holds(bundle, monkeypatch):
 
 def test_zero_workers_resolves_in_the_memory_the_servers_compared_share(bundle, monkeypatch):
     monkeypatch.setattr(workers, "usable_cores", lambda: 4)
-    held = 4 * workers.worker_bytes(ServedModels.read(bundle).model_bytes)
-    for module in (workers, launch):
-        monkeypatch.setattr(module, "usable_memory", lambda: held)
+    hold_workers(monkeypatch, bundle, 4)
     assert launch.resolved_workers(0, bundle, servers=2) == 2
 
 
@@ -119,9 +119,7 @@ def test_the_memory_per_worker_is_counted_with_the_measured_servers_variables(bu
 def test_zero_workers_resolve_as_the_measured_server_counts_its_memory(bundle, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_MAX_CONCURRENT_RPCS", "8192")
     monkeypatch.setattr(workers, "usable_cores", lambda: 4)
-    held = 2 * workers.worker_bytes(ServedModels.read(bundle).model_bytes, Settings(max_concurrent_rpcs=8192))
-    for module in (workers, launch):
-        monkeypatch.setattr(module, "usable_memory", lambda: held)
+    hold_workers(monkeypatch, bundle, 2, Settings(max_concurrent_rpcs=8192))
     assert launch.resolved_workers(0, bundle) == 2
 
 
