@@ -1,4 +1,4 @@
-"""A stream's idle timer: cancels the task serving it once nothing has touched the timer for a while."""
+"""A stream's idle timer: cancels the task serving it once its client has kept it waiting for a while."""
 
 import asyncio
 import contextlib
@@ -10,8 +10,8 @@ from edgedistill.serve.observe import refuse
 
 
 class IdleWatch:
-    """Cancels `task` once `touch` has not been called for `seconds`; `expired` says it did. One timer, re-armed
-    only when it fires, so a touch costs a clock read."""
+    """Cancels `task` once `touch` has not been called for `seconds`, not counting time `paused`; `expired` says it
+    did. One timer, re-armed only when it fires, so a touch costs a clock read."""
 
     def __init__(self, seconds: float, task: asyncio.Task):
         self.seconds = seconds
@@ -19,13 +19,25 @@ class IdleWatch:
         self.expired = False
         self.loop = asyncio.get_running_loop()
         self.last = self.loop.time()
+        self._paused = False
         self._timer = self.loop.call_later(seconds, self._check)
 
     def touch(self) -> None:
         self.last = self.loop.time()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The clock stands still inside the block (the stream waits on the server, not its client); it restarts
+        from the block's end."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            self.touch()
+
     def _check(self) -> None:
-        remaining = self.last + self.seconds - self.loop.time()
+        remaining = self.seconds if self._paused else self.last + self.seconds - self.loop.time()
         if remaining > 0:
             self._timer = self.loop.call_later(remaining, self._check)
         else:

@@ -135,8 +135,8 @@ class Settings(BaseModel):
     stream_idle_s: float = Field(
         60.0,
         gt=0,
-        description="a ClassifyStream or reflection stream that receives no request for this long (its client sends "
-        "none, or reads no reply) is ended with DEADLINE_EXCEEDED",
+        description="a ClassifyStream or reflection stream that receives no request for this long, not counting the "
+        "time its replies take to make (its client sends none, or reads no reply), is ended with DEADLINE_EXCEEDED",
     )
     connection_idle_s: float = Field(
         300.0, gt=0, description="a connection with no call for this long is closed (GOAWAY; clients reconnect)"

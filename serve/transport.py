@@ -310,9 +310,10 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
 
     async def ClassifyStream(self, request_iterator, context):
         """Requests are worked on concurrently (up to STREAM_WINDOW), replies written in arrival order. A stream
-        that receives no request for STREAM_IDLE_S (its client sends none, or reads no reply, which stops the
-        reading here) is ended with DEADLINE_EXCEEDED. When the server drains, a stream ends with UNAVAILABLE once
-        the replies to the requests it received before are written, instead of holding the drain for its grace."""
+        whose client keeps it waiting for STREAM_IDLE_S (sends no request while no reply is being made, or reads no
+        reply, which stops the writing and reading here) is ended with DEADLINE_EXCEEDED; the time a reply takes to
+        make does not count. When the server drains, a stream ends with UNAVAILABLE once the replies to the requests
+        it received before are written, instead of holding the drain for its grace."""
         with idle_limit(self.settings.stream_idle_s, context) as idle:
             await self._serve_stream(request_iterator, context, idle)
 
@@ -355,7 +356,8 @@ class ClassifierServicer(classifier_pb2_grpc.ClassifierServicer):
                 place, item = item
                 if isinstance(item, Exception):
                     raise item
-                reply = await item
+                with idle.paused():  # the server, not the client, is waited on
+                    reply = await item
                 MODEL.set((reply.model_name, reply.model_version))  # from the reply: `item` ran in a task of its own
                 await context.write(reply)
                 window.release()

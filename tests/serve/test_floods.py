@@ -4,9 +4,9 @@ client's calls must all succeed with their p99 under LATENCY_BOUND_S, and the se
 stay within RSS_SLACK_MB of where the case began, plus what the calls the flood stalls mid-message may hold (about
 twice MAX_MESSAGE_BYTES each).
 
-Then the bounds on slow clients one by one, on in-process servers: a stream that sends nothing, a connection
-that never finishes its handshake, calls stalled mid-message until the connection's age runs out or the
-connection closes, ping floods.
+Then the bounds on slow clients one by one, on in-process servers: a stream that sends nothing or reads no reply
+(and one that waits on slow replies, which is no idleness of its client's), a connection that never finishes its
+handshake, calls stalled mid-message until the connection's age runs out or the connection closes, ping floods.
 Raw HTTP/2 comes from `tests.serve.rawh2`: no gRPC library sends such traffic.
 """
 
@@ -29,6 +29,7 @@ from edgedistill.serve.proto.kserve_pb2 import ModelInferRequest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tests.conftest import wait_until
 from tests.serve.conftest import ROOT, ServerProcess, settings_for, subprocess_env
 from tests.serve.rawh2 import (
     END_STREAM,
@@ -40,10 +41,12 @@ from tests.serve.rawh2 import (
     literal,
     message_prefix,
 )
+from tests.serve.test_operations import metric, scrape
 
 pytestmark = pytest.mark.serial  # bounds on latency and memory, measured alone
 
 CLASSIFY = "/edgedistill.v1.Classifier/Classify"
+CLASSIFY_STREAM = "/edgedistill.v1.Classifier/ClassifyStream"
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 MESSAGE_BYTES = 256 * 1024  # the flood server's MAX_MESSAGE_BYTES
 MAX_RPCS = 160  # its MAX_CONCURRENT_RPCS: the floods hold fewer, so the good client keeps a place
@@ -521,6 +524,49 @@ def test_a_stream_that_keeps_sending_outlives_stream_idle_s(start_server, bundle
     with server.channel() as channel:
         replies = list(classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(requests(), timeout=30))
     assert len(replies) == KEPT_SENDS
+
+
+# Replies the batcher holds for SLOW_REPLY_MS (its queue delay), past a STREAM_IDLE_S of KEPT_IDLE_S: the client
+# waits on the server, and the time a reply takes is no idle time of the client's.
+SLOW_REPLY_MS, PING_PONGS = 3000, 2
+
+
+def one_request(replied: threading.Event) -> Iterator[pb.ClassifyRequest]:
+    """One request, then the client's half-close."""
+    yield classify("good")
+
+
+def ping_pong(replied: threading.Event) -> Iterator[pb.ClassifyRequest]:
+    """PING_PONGS requests, each sent once the reply to the one before has come."""
+    for _ in range(PING_PONGS):
+        replied.clear()
+        yield classify("good")
+        replied.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("requests", "sent"), [(one_request, 1), (ping_pong, PING_PONGS)], ids=["one request then half-close", "ping-pong"]
+)
+def test_a_stream_whose_replies_take_longer_than_stream_idle_s_gets_them(start_server, bundle, requests, sent):
+    server = start_server(settings_for(bundle, max_queue_delay_ms=SLOW_REPLY_MS, stream_idle_s=KEPT_IDLE_S))
+    replied, replies = threading.Event(), []
+    with server.channel() as channel:
+        for reply in classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(requests(replied), timeout=30):
+            replies.append(reply)
+            replied.set()
+    assert len(replies) == sent
+
+
+def test_a_stream_whose_client_reads_no_reply_is_ended_after_stream_idle_s(start_server, bundle):
+    """The client's window of 0 holds the reply's write, and its status behind it: the server's count tells."""
+    server = start_server(settings_for(bundle, stream_idle_s=0.5))
+    request, ended = classify("good").SerializeToString(), {"method": CLASSIFY_STREAM, "code": "DEADLINE_EXCEEDED"}
+    with contextlib.closing(RawClient(server.port)) as client:
+        client.read_nothing()
+        client.open_call(1, CLASSIFY_STREAM)
+        client.send(frame(Kind.DATA, 0, 1, message_prefix(len(request)) + request))
+        wait_until(lambda: metric(scrape(server), "edgedistill_requests_total", **ended), "the stream never ended", 5)
+    assert metric(scrape(server), "edgedistill_requests_total", **ended) == 1
 
 
 @pytest.fixture

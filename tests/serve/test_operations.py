@@ -36,7 +36,7 @@ from prometheus_client import generate_latest
 
 from tests.conftest import wait_until
 from tests.serve.conftest import GATED, settings_for
-from tests.serve.rawh2 import END_HEADERS, END_STREAM, Kind, RawClient, frame, header_block
+from tests.serve.rawh2 import END_HEADERS, END_STREAM, Kind, RawClient, frame, header_block, message_prefix
 
 SERVICES = ("", "edgedistill.v1.Classifier", "inference.GRPCInferenceService")
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -986,20 +986,22 @@ def test_deadline_shorter_than_the_queue_delay_drops_the_work(slow_queue):
 
 
 LATE = "fails-late"  # a model name whose stream request fails once the request after it is queued (`ended_stream`)
+CLASSIFY_STREAM = "/edgedistill.v1.Classifier/ClassifyStream"
 
 
 @pytest.fixture(scope="module", params=["its idle limit", "a failed request"])
 def ended_stream(request, tmp_path_factory) -> tuple[str, str]:
     """Prometheus scrapes before and after a stream the server ends while a request of it waits `QUEUE_DELAY_S` in the
-    queue: by its idle limit (0.3 s), or by an earlier request of it that fails (model `LATE`) once that one is queued."""
+    queue: by its idle limit (0.3 s), its client reading no reply (a window of 0) to a full batch sent before, or by
+    an earlier request of it that fails (model `LATE`) once that one is queued."""
     from edgedistill.serve.transport import ClassifierServicer
 
     from tests.serve.conftest import RunningServer, write_bundle
 
     folder = write_bundle(tmp_path_factory.mktemp("ended") / "bundle")
-    idle_s = 0.3 if request.param == "its idle limit" else 10.0
+    by_idle = request.param == "its idle limit"
     settings = settings_for(
-        folder, max_queue_delay_ms=int(QUEUE_DELAY_S * 1000), max_batch_size=64, stream_idle_s=idle_s
+        folder, max_queue_delay_ms=int(QUEUE_DELAY_S * 1000), max_batch_size=64, stream_idle_s=0.3 if by_idle else 10.0
     )
     classify = ClassifierServicer._classify
 
@@ -1008,18 +1010,22 @@ def ended_stream(request, tmp_path_factory) -> tuple[str, str]:
             await asyncio.sleep(0.005)
         return await classify(self, name, *rest)
 
-    sent = [pb.ClassifyRequest(texts=["fun"])]
-    if request.param == "a failed request":
-        sent.insert(0, pb.ClassifyRequest(texts=["fun"], model_name=LATE))
+    # a full batch runs at once, and the write of its reply waits for good
+    first = pb.ClassifyRequest(texts=["fun"] * 64) if by_idle else pb.ClassifyRequest(texts=["fun"], model_name=LATE)
+    messages = [m.SerializeToString() for m in (first, pb.ClassifyRequest(texts=["fun"]))]
+    ended = {"method": CLASSIFY_STREAM, "code": "DEADLINE_EXCEEDED" if by_idle else "NOT_FOUND"}
     server = RunningServer(settings)
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(ClassifierServicer, "_classify", failing_late)
             before = scrape(server)
-            with server.channel() as channel:
-                replies = classifier_pb2_grpc.ClassifierStub(channel).ClassifyStream(iter(sent), timeout=10)
-                with pytest.raises(grpc.RpcError):
-                    list(replies)
+            with contextlib.closing(RawClient(server.port)) as client:
+                client.read_nothing()
+                client.open_call(1, CLASSIFY_STREAM)
+                client.send(frame(Kind.DATA, END_STREAM, 1, b"".join(message_prefix(len(m)) + m for m in messages)))
+                wait_until(
+                    lambda: metric(scrape(server), "edgedistill_requests_total", **ended), "the stream never ended"
+                )
             return before, scrape(server)
     finally:
         server.close()
