@@ -129,17 +129,24 @@ class EdgeServer:
         await self._set_health(SERVING if self.host.ready else NOT_SERVING)
         self._fault_watch = asyncio.get_running_loop().create_task(self._watch_faults(), name="fault-watch")
         await self.grpc.start()
-        if self.settings.token is not None and self.settings.tls_cert is None and not loopback_host(self.settings.host):
-            log.warning(
-                "TOKEN is set but the gRPC port on %s is plaintext: the tokens cross the network as they are; set "
-                "TLS_CERT and TLS_KEY, unless a mesh or proxy encrypts the traffic",
-                self.settings.host,
-                extra={"event": "plaintext_token"},
-            )
+        self._warn_of_plaintext_tokens()
         if self.health_server is not None:
             await self.health_server.start()
         if self.settings.metrics_port is not None:
             self.metrics_port = self.metrics.start_http(self.settings.metrics_host, self.settings.metrics_port)
+
+    def _warn_of_plaintext_tokens(self) -> None:
+        """Warn where TOKEN or ADMIN_TOKEN (which can swap the served model), naming which, is set on a plaintext gRPC
+        port beyond loopback: the tokens cross the network as they are."""
+        tokens = [name.upper() for name in ("token", "admin_token") if getattr(self.settings, name) is not None]
+        if tokens and self.settings.tls_cert is None and not loopback_host(self.settings.host):
+            log.warning(
+                "%s set but the gRPC port on %s is plaintext: the tokens cross the network as they are; set "
+                "TLS_CERT and TLS_KEY, unless a mesh or proxy encrypts the traffic",
+                " and ".join(tokens) + (" are" if len(tokens) > 1 else " is"),
+                self.settings.host,
+                extra={"event": "plaintext_token", "tokens": tokens},
+            )
 
     async def close_ports(self) -> None:
         """Close the ports at once, after a start that failed: a started gRPC server left to the garbage collector

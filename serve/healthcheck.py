@@ -20,22 +20,23 @@ def health_address(settings: Settings) -> str:
     host = "localhost" if settings.host in ANY_ADDRESS else settings.host
     if settings.health_port:
         return host_port(host, settings.health_port)
+    own_port = f"set {env_name('health_port')} to a port of its own"
     if settings.port == 0:
-        raise SettingsError(
-            f"{env_name('port')}=0 takes any free port, which the health check cannot know: set "
-            f"{env_name('health_port')} to a port of its own"
-        )
+        raise SettingsError(f"{chosen_at_start(settings)}: {own_port}")
     if settings.tls_cert is not None:
-        chosen = (
-            f"{env_name('health_port')}=0 takes any free port, which the health check cannot know, and "
-            if settings.health_port == 0
-            else ""
-        )
+        chosen = f"{chosen_at_start(settings)}, and " if settings.health_port == 0 else ""
         raise SettingsError(
-            f"{chosen}the gRPC port uses TLS ({env_name('tls_cert')}), and the health check speaks plaintext: set "
-            f"{env_name('health_port')} to a port of its own"
+            f"{chosen}the gRPC port uses TLS ({env_name('tls_cert')}), and the health check speaks plaintext: "
+            f"{own_port}"
         )
     return host_port(host, settings.port)
+
+
+def chosen_at_start(settings: Settings) -> str:
+    """That the ports of `settings` set to 0 (PORT, HEALTH_PORT, at least one) take any free port, unknown here."""
+    zeros = [f"{env_name(name)}=0" for name in ("port", "health_port") if getattr(settings, name) == 0]
+    takes = "take" if len(zeros) > 1 else "takes"
+    return f"{' and '.join(zeros)} {takes} any free port, which the health check cannot know"
 
 
 def main() -> int:

@@ -6,29 +6,49 @@ import ctypes
 import ctypes.util
 import os
 import platform
+import re
+
+from edgedistill.serve.settings import SettingsError
 
 M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
 DEFAULT_ARENAS = 2
 GLIBC_ARENA_TUNABLE = "glibc.malloc.arena_max"  # in GLIBC_TUNABLES, `name=value` items separated by colons
+# a limit glibc reads as written: decimal digits, no leading zero (glibc reads `010` as octal, and refuses `08`)
+GLIBC_ARENA_LIMIT = re.compile(r"[1-9][0-9]*")
+SIZE_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1  # above it, glibc refuses the limit
 
 
 def glibc_limit_set() -> bool:
-    """Whether glibc's own settings limit its arenas: MALLOC_ARENA_MAX, or its tunable in GLIBC_TUNABLES."""
-    tunables = os.environ.get("GLIBC_TUNABLES", "").split(":")
-    return "MALLOC_ARENA_MAX" in os.environ or any(item.partition("=")[0] == GLIBC_ARENA_TUNABLE for item in tunables)
+    """Whether glibc's own settings limit its arenas: MALLOC_ARENA_MAX, or its tunable in GLIBC_TUNABLES.
+    `SettingsError` for a value glibc would ignore (empty, 0, not a number), keeping its default of 8 per core."""
+    given = [("MALLOC_ARENA_MAX", os.environ["MALLOC_ARENA_MAX"])] if "MALLOC_ARENA_MAX" in os.environ else []
+    for item in os.environ.get("GLIBC_TUNABLES", "").split(":"):
+        name, _, value = item.partition("=")
+        if name == GLIBC_ARENA_TUNABLE:
+            given.append((f"{GLIBC_ARENA_TUNABLE} in GLIBC_TUNABLES", value))
+    for where, value in given:
+        if not (GLIBC_ARENA_LIMIT.fullmatch(value) and int(value) <= SIZE_MAX):
+            raise SettingsError(
+                f"{where} is {value!r}: set a positive whole number (e.g. 4), as glibc ignores an empty, zero or "
+                "non-numeric limit and keeps its default of 8 malloc arenas per core, or unset it for the server's "
+                f"own limit, EDGEDISTILL_MALLOC_ARENAS ({DEFAULT_ARENAS} unless set)"
+            )
+    return bool(given)
 
 
 def limit_arenas(count: int | None) -> int | None:
     """Let glibc's malloc use at most `count` arenas from now on (None: DEFAULT_ARENAS where the C library is glibc
     and glibc's own settings set no limit, `glibc_limit_set`; 0: glibc's default); the limit set, or None. Must run
     before the threads start that would take arenas of their own. Raises OSError for a count where the C library is
-    not glibc."""
-    if count == 0 or (count is None and glibc_limit_set()):
+    not glibc, and `SettingsError` for a glibc setting that glibc would ignore, where `count` is None."""
+    if count == 0:
         return None
     if platform.libc_ver()[0] != "glibc":
         if count is None:
             return None
         raise OSError(f"MALLOC_ARENAS={count} needs glibc's malloc; this C library is not glibc (set it to 0)")
+    if count is None and glibc_limit_set():
+        return None
     count = DEFAULT_ARENAS if count is None else count
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     if libc.mallopt(M_ARENA_MAX, count) != 1:

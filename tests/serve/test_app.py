@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -39,6 +40,52 @@ def test_a_batch_size_past_the_queue_is_warmed_up_and_served_at_the_queues_size(
         request = classifier_pb2.ClassifyRequest(texts=["a good film"])
         reply = classifier_pb2_grpc.ClassifierStub(channel).Classify(request, timeout=30)
     assert len(reply.predictions) == 1
+
+
+@pytest.mark.parametrize(
+    ("tokens", "named"),
+    [
+        ({"token": "user-token-1"}, ["TOKEN"]),
+        ({"admin_token": "admin-token-1"}, ["ADMIN_TOKEN"]),
+        ({"token": "user-token-1", "admin_token": "admin-token-1"}, ["TOKEN", "ADMIN_TOKEN"]),
+    ],
+    ids=["token", "admin_token", "both"],
+)
+def test_tokens_on_a_plaintext_port_beyond_loopback_are_warned_of_naming_which(
+    start_server, bundle, caplog, tokens, named
+):
+    with caplog.at_level(logging.WARNING, logger="serve"):
+        start_server(settings_for(bundle, host="0.0.0.0", **tokens), warm=False)
+    assert [r.tokens for r in caplog.records if getattr(r, "event", None) == "plaintext_token"] == [named]
+
+
+REFUSED_START_S = 30  # a refusal at start: the interpreter and the server's imports, on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def refused_for_an_arena_limit_glibc_ignores(bundle):
+    """A server started where MALLOC_ARENA_MAX is empty (a compose file's `${MALLOC_ARENA_MAX:-}`), which glibc
+    ignores, keeping its default of 8 arenas per core: its exit status and its log lines."""
+    done = subprocess.run(
+        serve_command(bundle),
+        cwd=conftest.ROOT,
+        env=conftest.subprocess_env(MALLOC_ARENA_MAX=""),
+        capture_output=True,
+        text=True,
+        timeout=REFUSED_START_S,  # a server that takes the limit serves until stopped
+    )
+    return done.returncode, [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_an_arena_limit_glibc_ignores_stops_the_server_with_status_2(refused_for_an_arena_limit_glibc_ignores):
+    assert refused_for_an_arena_limit_glibc_ignores[0] == 2
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_an_arena_limit_glibc_ignores_is_named_in_the_start_failed_line(refused_for_an_arena_limit_glibc_ignores):
+    (line,) = [line for line in refused_for_an_arena_limit_glibc_ignores[1] if line["event"] == "start_failed"]
+    assert "MALLOC_ARENA_MAX is ''" in line["msg"]
 
 
 CALLS_EACH = 20  # calls in a row per caller: each new one opens a stream as the previous ends

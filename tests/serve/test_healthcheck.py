@@ -28,6 +28,11 @@ def test_a_grpc_port_chosen_at_start_without_a_health_port_names_the_health_port
         health_address(Settings(port=0))
 
 
+def test_both_ports_chosen_at_start_are_named_as_ones_the_check_cannot_know():
+    with pytest.raises(SettingsError, match="EDGEDISTILL_PORT=0 and EDGEDISTILL_HEALTH_PORT=0 take any free port"):
+        health_address(Settings(port=0, health_port=0))
+
+
 def test_a_health_port_chosen_at_start_beside_tls_is_refused_as_one_the_check_cannot_know(tmp_path):
     with pytest.raises(SettingsError, match="EDGEDISTILL_HEALTH_PORT=0 takes any free port, which the health check"):
         health_address(Settings(health_port=0, tls_cert=tmp_path / "cert.pem", tls_key=tmp_path / "key.pem"))

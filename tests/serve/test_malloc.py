@@ -2,11 +2,13 @@
 
 import os
 import platform
+import re
 import subprocess
 import sys
 
 import pytest
 from edgedistill.serve.malloc import limit_arenas
+from edgedistill.serve.settings import SettingsError
 
 ARENAS_AFTER_THREADS = """
 import ctypes, ctypes.util, os, sys, tempfile, threading
@@ -79,3 +81,30 @@ def test_a_limit_is_refused_where_the_c_library_is_not_glibc(monkeypatch):
 )
 def test_without_a_setting_glibcs_own_limit_is_left_as_set(glibc_setting):
     assert arenas_after_threads(None, glibc_setting) > 2
+
+
+@glibc_only
+@pytest.mark.parametrize(
+    ("variable", "value", "named"),
+    [
+        ("MALLOC_ARENA_MAX", "", "MALLOC_ARENA_MAX is ''"),
+        ("MALLOC_ARENA_MAX", "0", "MALLOC_ARENA_MAX is '0'"),
+        ("MALLOC_ARENA_MAX", "abc", "MALLOC_ARENA_MAX is 'abc'"),
+        ("MALLOC_ARENA_MAX", "08", "MALLOC_ARENA_MAX is '08'"),  # octal to glibc, which refuses its 8
+        ("MALLOC_ARENA_MAX", "9" * 23, f"MALLOC_ARENA_MAX is '{'9' * 23}'"),  # past size_t: refused by glibc
+        ("GLIBC_TUNABLES", "glibc.malloc.arena_max=", "glibc.malloc.arena_max in GLIBC_TUNABLES is ''"),
+        ("GLIBC_TUNABLES", "glibc.malloc.arena_max", "glibc.malloc.arena_max in GLIBC_TUNABLES is ''"),
+        ("GLIBC_TUNABLES", "glibc.malloc.arena_max=0", "glibc.malloc.arena_max in GLIBC_TUNABLES is '0'"),
+    ],
+)
+def test_without_a_setting_a_glibc_limit_glibc_would_ignore_is_refused_naming_it(monkeypatch, variable, value, named):
+    for other in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError, match=re.escape(named)):
+        limit_arenas(None)
+
+
+@glibc_only
+def test_a_setting_replaces_a_glibc_limit_glibc_would_ignore():
+    assert arenas_after_threads(2, {"MALLOC_ARENA_MAX": ""}) <= 2
