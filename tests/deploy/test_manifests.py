@@ -207,6 +207,41 @@ def test_the_deployments_tls_stanza_reads_its_certificate_and_key_from_a_secret_
         assert path.name == key
 
 
+def grpc_app_protocols() -> set[str]:
+    """The appProtocol of the Services' grpc ports: the protocol a gateway or mesh that reads it speaks to the pods."""
+    services = [doc for _, doc in k8s_documents() if doc["kind"] == "Service"]
+    return {
+        port["appProtocol"]
+        for s in services
+        for port in s["spec"]["ports"]
+        if port["name"] == "grpc" and "appProtocol" in port
+    }
+
+
+def deployment_tls_comment() -> str:
+    """The Deployment's comment on turning TLS on (the lines above its commented-out EDGEDISTILL_TLS_CERT), one line."""
+    lines = (ROOT / "deploy/k8s/deployment.yaml").read_text().splitlines()
+    end = next(i for i, line in enumerate(lines) if line.strip() == "# - name: EDGEDISTILL_TLS_CERT")
+    start = end
+    while lines[start - 1].lstrip().startswith("#"):
+        start -= 1
+    return " ".join(line.strip().removeprefix("#").strip() for line in lines[start:end])
+
+
+def docs_tls_paragraph() -> str:
+    """docs/deploy.md's paragraph on turning the manifests' TLS on, one line."""
+    (paragraph,) = [p for p in DEPLOY_DOC.read_text().split("\n\n") if "edgedistill-serve-tls" in p]
+    return " ".join(paragraph.split())
+
+
+@pytest.mark.parametrize(
+    "instructions", [deployment_tls_comment, docs_tls_paragraph], ids=["deployment.yaml", "docs/deploy.md"]
+)
+def test_the_tls_instructions_name_the_services_app_protocol_to_change(instructions):
+    text = instructions()
+    assert [protocol for protocol in grpc_app_protocols() if f"appProtocol: {protocol}" not in text] == []
+
+
 def test_a_workers_start_timeout_is_the_startup_probes_budget():
     container = serve_container(only("Deployment"))
     probe = container["startupProbe"]
