@@ -33,12 +33,15 @@ def _abbreviation(words: tuple[str, ...]) -> str:
     return rf"\b(?:(?:{'|'.join(words)})\.(?!\.)|no\.(?= ?\d)|[a-z](?:\.[a-z])+\.(?!\.)|(?<!')[b-hj-z]\.(?![\w.]))"
 
 
+# A double quote as PTB's tokenizer (and so SST-2) writes it: `` where it opens (at the start, after whitespace or an
+# opening bracket), '' where it closes.
+_OPENING_QUOTE = re.compile(r'(?<![^\s(\[{])"')
 # An abbreviation is kept whole; "..." and a run of ! and ? ("?!") stay one token; . and , between digits stay inside
 # numbers ("3.5", "1,000"). The lookahead, which every alternative starts with, lets the regex engine skip the other
 # characters fast.
 _PUNCT = re.compile(
-    rf"(?=[.,!?;:()\"]|\b[a-z.]{{2,15}}(?!\w))"
-    rf"(?:(?P<kept>{_abbreviation(_TITLES + _MAY_END)})|(?P<split>\.\.\.|[!?]+|[;:()\"]|(?<!\d)[.,]|[.,](?!\d)))"
+    rf"(?=[.,!?;:()]|\b[a-z.]{{2,15}}(?!\w))"
+    rf"(?:(?P<kept>{_abbreviation(_TITLES + _MAY_END)})|(?P<split>\.\.\.|[!?]+|[;:()]|(?<!\d)[.,]|[.,](?!\d)))"
 )
 _NON_FINAL = re.compile(_abbreviation(_TITLES), re.IGNORECASE)
 # A title already tokenised apart from its period ("mr . magoo", as some scraped reviews are written)
@@ -55,11 +58,13 @@ def without_markup(text: str) -> str:
 
 
 def tokenise(text: str) -> str:
-    """Lower-case and PTB-style tokens, roughly as in SST-2: "Don't do it." -> "do n't do it ."."""
+    """Lower-case and PTB-style tokens, roughly as in SST-2: 'Don't say "hi".' -> "do n't say `` hi '' ."."""
     # Accents composed, as the data is written: to the clitic rule a decomposed accent is a mark, not a letter, so a
     # client's "xe\u0301n't" would keep its "n't" where "x\u00e9n't" is split.
     text = unicodedata.normalize("NFC", text)
     text = html.unescape(without_markup(text)).lower().replace("\u2019", "'").replace("\u2018", "'")
+    if '"' in text:
+        text = _OPENING_QUOTE.sub(" `` ", text).replace('"', " '' ")
     if "'" in text:  # every clitic holds one
         text = _CLITIC.sub(r" \1", text)
     if " ." in text:

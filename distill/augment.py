@@ -8,7 +8,7 @@ import array
 import random
 import re
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from edgedistill.common.textstyle import CLITICS, Style, ends_with_abbreviation, styled
 
@@ -105,23 +105,37 @@ def vocab_replacer(vocabulary: Iterable[str]) -> Replacer:
     return replace
 
 
-# After . ! ? (and the Arabic question mark and full stop, the Devanagari danda) and a space; after the full-width
-# 。！？ of Chinese and Japanese, which no space need follow.
-_SENTENCE_END = re.compile(r"(?<=[.!?؟۔।]) (?![.!?؟۔।])|(?<=[。！？]) ?(?![。！？])")
+# A sentence ends after . ! ? (and the Arabic question mark and full stop, the Devanagari danda) and a space, not before
+# another stop; after the full-width 。！？ of Chinese and Japanese, which no space need follow. The closing quotes and
+# brackets after a stop end its sentence: attached (`."`, `。」`) or, as `ptb_lower` writes them, tokens of their own
+# (`. ''`), so none starts the next. Closers attached come first and each later run after a space: one way to read a
+# run, where `(?: ?C+)*` would try every split of it.
+_STOP, _FULL_STOP, _CLOSE = "[.!?؟۔।]", "[。！？]", "[\"')\\]」』”’]"
+_SENTENCE_END = re.compile(
+    rf"(?<={_STOP}){_CLOSE}*(?: {_CLOSE}+)* (?!{_STOP}|{_CLOSE}+(?: |$))"
+    rf"|(?<={_FULL_STOP}){_CLOSE}* ?(?!{_FULL_STOP}|{_CLOSE})"
+)
 _WORD = re.compile(r"\w")
 _UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")  # kana and CJK ideographs
 MIN_WORDS = 3
 
 
+def split_words(text: str) -> list[str]:
+    """The words of `text`: what spaces separate, each Chinese or Japanese character (kana, ideograph) one of its own,
+    as those languages are written unspaced."""
+    return _UNSPACED.sub(r" \g<0> ", text).split()
+
+
 def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
-    """Sentences of a raw text in `style`, split after . ! ? (and ؟ ۔ ।) and the full-width 。！？ (kept), but not
-    after an abbreviation ("Mr. Smith", `textstyle.ends_with_abbreviation`), dropping those with under 3 words.
+    """Sentences of a raw text in `style`, split after . ! ? (and ؟ ۔ ।) and the full-width 。！？ (kept, with the
+    closing quotes and brackets after them), but not after an abbreviation ("Mr. Smith",
+    `textstyle.ends_with_abbreviation`), dropping those with under 3 words.
 
     HTML tags (e.g. IMDb's "<br />") and entities are removed first; a word is a token with a letter
     or digit, so "wow !" and "it 's ." are dropped, or a Chinese or Japanese character (kana, ideograph).
     """
     sentences, pieces = [], []  # the pieces of the sentence being read, joined once it ends
-    for piece in _SENTENCE_END.split(styled(text, style)):
+    for piece in _pieces(styled(text, style)):
         if pieces and not ends_with_abbreviation(pieces[-1], piece):
             sentences.append(" ".join(pieces))
             pieces = []
@@ -130,10 +144,18 @@ def split_sentences(text: str, style: Style = "ptb_lower") -> list[str]:
     return [s for s in sentences if _words(s) >= MIN_WORDS]
 
 
+def _pieces(text: str) -> Iterator[str]:
+    """`text` cut at each `_SENTENCE_END`: a piece keeps its stop and closers, not the space after them."""
+    start = 0
+    for end in _SENTENCE_END.finditer(text):
+        yield text[start : end.end()].rstrip(" ")
+        start = end.end()
+    yield text[start:]
+
+
 def _words(sentence: str) -> int:
-    """Its tokens with a letter or digit, each Chinese or Japanese character one (they are written unspaced)."""
-    spaced = _UNSPACED.sub(" ", sentence)
-    return len(_UNSPACED.findall(sentence)) + sum(bool(_WORD.search(token)) for token in spaced.split())
+    """Its words (`split_words`) with a letter or digit, or Chinese or Japanese."""
+    return sum(bool(_WORD.search(word) or _UNSPACED.match(word)) for word in split_words(sentence))
 
 
 _SPLIT_CLITIC = re.compile(rf" ({'|'.join(CLITICS)})\b")

@@ -24,6 +24,7 @@ from edgedistill.distill.augment import (
     augment_examples,
     normalise,
     split_sentences,
+    split_words,
     vocab_replacer,
 )
 
@@ -41,13 +42,14 @@ def held_out_texts(dev: Examples, test: Examples | None) -> list[str]:
 
 def leak_filter(held_out: list[str], style: Style):
     """A predicate: True for text equal to a held-out sentence, containing a whole held-out sentence of 5 to 7
-    words, or sharing 8 words in a row with a longer one (compared on `normalise`d words). A held-out sentence is
-    compared as written and as `styled` in `style`, as the transfer texts are: without its tags and entities."""
+    words, or sharing 8 words in a row with a longer one (compared on `normalise`d `split_words`, each Chinese or
+    Japanese character a word). A held-out sentence is compared as written and as `styled` in `style`, as the transfer
+    texts are: without its tags and entities."""
     # a held-out text without words (`:-(`) is no key: every text without words would match it
     keys = {normalise(text) for held in held_out for text in (held, styled(held, style))} - {""}
     grams = set()
     for key in keys:
-        words = tuple(key.split())
+        words = tuple(split_words(key))
         if MIN_CONTAINED <= len(words) < LEAK_NGRAM:
             grams.add(words)
         grams.update(words[i : i + LEAK_NGRAM] for i in range(len(words) - LEAK_NGRAM + 1))
@@ -57,7 +59,7 @@ def leak_filter(held_out: list[str], style: Style):
         key = normalise(text)
         if key in keys:
             return True
-        words = tuple(key.split())
+        words = tuple(split_words(key))
         return any(
             words[i : i + MIN_CONTAINED] in starts
             and any(words[i : i + n] in grams for n in range(MIN_CONTAINED, LEAK_NGRAM + 1))

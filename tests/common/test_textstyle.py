@@ -17,7 +17,7 @@ MARKUP_ALPHABET = "<<<>>09=ab /"
     [
         ("Don't do it.", "do n't do it ."),
         ("It's a CHARMING journey, isn't it?", "it 's a charming journey , is n't it ?"),
-        ('I can\'t say (really) "fine"; ok: 3.5 stars...', 'i ca n\'t say ( really ) " fine " ; ok : 3.5 stars ...'),
+        ('I can\'t say (really) "fine"; ok: 3.5 stars...', "i ca n't say ( really ) `` fine '' ; ok : 3.5 stars ..."),
         ("We’ll see&amp;hear<br />it", "we 'll see&hear it"),
     ],
 )
@@ -39,6 +39,19 @@ def test_tokenise_examples(raw, expected):
     ],
 )
 def test_tokenise_writes_abbreviations_and_runs_of_marks_as_sst2_does(raw, expected):
+    assert tokenise(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ('more than another "best man" clone', "more than another `` best man '' clone"),
+        ('"Hi," she said.', "`` hi , '' she said ."),
+        ('a ("quoted") word and ["another"]', "a ( `` quoted '' ) word and [ `` another '' ]"),
+        ('He said "Go."', "he said `` go . ''"),
+    ],
+)
+def test_tokenise_writes_a_double_quote_as_ptb_opening_or_closing_quote(raw, expected):
     assert tokenise(raw) == expected
 
 
@@ -86,6 +99,15 @@ def test_a_ptb_lower_bundle_serves_text_already_in_its_style_unchanged():
 def test_a_ptb_lower_bundle_serves_sst2_text_with_abbreviations_unchanged():
     sst2 = "the script kicks in , and mr. hartley 's distended pace and foot-dragging rhythms follow ."
     assert as_served([sst2], "ptb_lower") == [sst2]
+
+
+def test_a_ptb_lower_bundle_serves_sst2_text_with_quotes_unchanged():
+    sst2 = "the draw ( for `` big bad love '' ) is a solid performance by arliss howard ."
+    assert as_served([sst2], "ptb_lower") == [sst2]
+
+
+def test_a_ptb_lower_bundle_serves_double_quotes_as_sst2_writes_them():
+    assert as_served(['I "loved" it'], "ptb_lower") == ["i `` loved '' it"]
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from edgedistill.distill.augment import (
     augment_examples,
     normalise,
     split_sentences,
+    split_words,
     vocab_replacer,
 )
 from hypothesis import given
@@ -212,6 +213,32 @@ def test_a_japanese_sentence_counts_each_character_as_a_word():
     assert split_sentences("とても良い。映画。", "raw") == ["とても良い。"]  # 5 characters kept, 2 dropped
 
 
+@pytest.mark.parametrize(
+    ("raw", "style", "sentences"),
+    [
+        ('He said "Go home now." Then he left.', "raw", ['He said "Go home now."', "Then he left."]),
+        ("It was (really great.) And then it ended.", "raw", ["It was (really great.)", "And then it ended."]),
+        (
+            "It was (really great.) And then it ended.",
+            "ptb_lower",
+            ["it was ( really great . )", "and then it ended ."],
+        ),
+        ("he said `` go home now . '' then he left .", "ptb_lower", ["he said `` go home now . ''", "then he left ."]),
+        ("彼は「楽しかった。」と言った。", "raw", ["彼は「楽しかった。」", "と言った。"]),
+    ],
+)
+def test_a_closing_quote_or_bracket_after_a_sentence_end_stays_with_its_sentence(raw, style, sentences):
+    assert split_sentences(raw, style) == sentences
+
+
+def test_an_apostrophe_opening_the_next_sentence_starts_it():
+    assert split_sentences("I liked it. 'Twas a fine film.", "raw") == ["I liked it.", "'Twas a fine film."]
+
+
+def test_split_words_makes_each_chinese_or_japanese_character_a_word():
+    assert split_words("我爱 the film 映画") == ["我", "爱", "the", "film", "映", "画"]
+
+
 def test_split_sentences_in_raw_style_keeps_the_words_as_written():
     raw = "This movie rocks! I loved it.<br /><br />Wow!! Don't miss the ending..."
     assert split_sentences(raw, "raw") == ["This movie rocks!", "I loved it.", "Don't miss the ending..."]
@@ -233,3 +260,10 @@ def test_a_long_run_of_abbreviations_is_split_in_linear_time():
     started = time.perf_counter()
     split_sentences("Mr. " * 100_000, "raw")  # joined piece by piece, re-reading the sentence so far: seconds
     assert time.perf_counter() - started < 1.5
+
+
+@pytest.mark.serial  # a bound on time
+def test_a_long_run_of_closing_quotes_is_split_in_linear_time():
+    started = time.perf_counter()
+    split_sentences("It ended. " + "'" * 40 + "x", "raw")  # read as runs of runs, tried every way: minutes
+    assert time.perf_counter() - started < 0.5

@@ -52,6 +52,25 @@ def test_leak_filter_catches_a_dev_sentence_however_its_characters_are_encoded()
     assert leaks("the caf\u200b\u00e9 was a charming place to visit .")
 
 
+CJK_DEV = ["这部电影很好看", "剧情拖沓演员表演也很生硬", "この映画は本当に面白かった"]  # 7, 12 and 13 characters
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "说实话这部电影很好看，我推荐。",
+        "说实话剧情拖沓演员表演太长了。",
+        "友達は「この映画は本当に面白かった」と言った。",
+    ],
+)
+def test_leak_filter_catches_a_chinese_or_japanese_dev_sentence_or_eight_of_its_characters_inside_a_text(text):
+    assert leak_filter(CJK_DEV, "raw")(text)
+
+
+def test_leak_filter_keeps_a_chinese_text_sharing_under_eight_characters_with_a_dev_sentence():
+    assert not leak_filter(CJK_DEV, "raw")("剧情拖沓演员的表演很好")
+
+
 MARKED_UP = ["Tom &amp; Jerry is a fun show", "A fine film.<br /><br />I loved every minute of it"]
 
 
@@ -147,6 +166,12 @@ def test_an_unlabelled_sentence_sharing_eight_words_with_a_test_text_is_dropped(
     line = f"Back then {LEAKY}, we thought."
     built = built_from(tmp_path, CLEAN, ["a dev text"], test=[LEAKY], unlabelled=[line, "Another line of text here."])
     assert built.composition["unlabelled"] == 1
+
+
+def test_an_unlabelled_chinese_sentence_holding_a_dev_sentence_is_dropped(tmp_path):
+    line = "说实话剧情拖沓演员表演也很生硬，我不推荐。这部电影的配乐非常出色。"
+    built = built_from(tmp_path, CLEAN, ["剧情拖沓演员表演也很生硬"], "raw", unlabelled=[line])
+    assert built.composition["removed_held_out_overlap"] == 1
 
 
 def test_a_train_text_without_letters_or_digits_is_counted_as_having_no_words(tmp_path):
