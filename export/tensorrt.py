@@ -7,8 +7,8 @@ lose precision in half). INT8 takes calibration batches (TensorRT's implicit qua
 min-max calibrator whose device buffers come from `common.runtime.Cuda`).
 """
 
-import re
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +20,8 @@ from edgedistill.common.runtime import Cuda, require_tensorrt, tensorrt_logger
 
 # Layers whose FP16 versions lose accuracy: softmax and normalization reduce over a whole axis.
 FP32_LAYER_TYPES = ("SOFTMAX", "NORMALIZATION", "REDUCE")
-# A LayerNorm exported before opset 17 is ReduceMean/Sub/Pow/Sqrt/Div nodes named after the module.
-LAYERNORM_NAME = re.compile(r"layer_?norm", re.IGNORECASE)
+# A LayerNorm exported before opset 17 is ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div nodes in its module's scope.
+LAYERNORM_OPS = {"ReduceMean", "Sqrt"}
 
 
 class EngineBuildError(RuntimeError):
@@ -34,11 +34,10 @@ def _check_range(axis: str, values: tuple[int, int, int]) -> None:
         raise ValueError(f"{axis} profile must satisfy 1 <= min <= opt <= max, got {values}")
 
 
-def _check_inputs(onnx_path: Path, inputs: list[str]) -> None:
+def _check_inputs(onnx_path: Path, graph: onnx.GraphProto, inputs: list[str]) -> None:
     """Check the model's inputs are exactly `inputs`, each (batch, sequence)."""
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    initializers = {init.name for init in model.graph.initializer}
-    graph_inputs = {i.name: i for i in model.graph.input if i.name not in initializers}
+    initializers = {init.name for init in graph.initializer}
+    graph_inputs = {i.name: i for i in graph.input if i.name not in initializers}
     if set(graph_inputs) != set(inputs):
         raise ValueError(f"{onnx_path} has inputs {sorted(graph_inputs)}, the profile names {sorted(inputs)}")
     for name, value in graph_inputs.items():
@@ -141,8 +140,25 @@ def _calibrator(trt, cuda: Cuda, batches: list[dict[str, np.ndarray]], dtypes: d
     return TokenCalibrator()
 
 
-def _keep_fp32(trt, network) -> list[str]:
-    """Pin softmax, normalization and LayerNorm-pattern layers to FP32; return their names."""
+def scope(name: str) -> str:
+    """A node's module scope: its name up to the last `/` (torch names a node `/<module path>/<op>`)."""
+    return name.rpartition("/")[0]
+
+
+def layernorm_scopes(graph: onnx.GraphProto) -> set[str]:
+    """The scopes of LayerNorms decomposed into ONNX operators: those holding a ReduceMean and a Sqrt.
+
+    Found by structure, not by module name (GPT-2 names its LayerNorms `ln_1`, `ln_2`, `ln_f`). TensorRT's ONNX
+    parser names each layer after its node, so a layer of one of these scopes belongs to a LayerNorm.
+    """
+    ops = defaultdict(set)
+    for node in graph.node:
+        ops[scope(node.name)].add(node.op_type)
+    return {name for name, kinds in ops.items() if name and kinds >= LAYERNORM_OPS}
+
+
+def _keep_fp32(trt, network, layernorms: set[str]) -> list[str]:
+    """Pin softmax, normalization and the layers of the `layernorms` scopes to FP32; return their names."""
     pinned_types = [getattr(trt.LayerType, name) for name in FP32_LAYER_TYPES if hasattr(trt.LayerType, name)]
     floats = (trt.float32, trt.float16)
     kept = []
@@ -150,7 +166,7 @@ def _keep_fp32(trt, network) -> list[str]:
         layer = network.get_layer(index)
         if layer.type == trt.LayerType.CONSTANT:
             continue
-        if layer.type not in pinned_types and not LAYERNORM_NAME.search(layer.name):
+        if layer.type not in pinned_types and scope(layer.name) not in layernorms:
             continue
         float_outputs = [j for j in range(layer.num_outputs) if layer.get_output(j).dtype in floats]
         if not float_outputs:
@@ -182,7 +198,8 @@ def build_engine(
     onnx_path, plan_path = Path(onnx_path), Path(plan_path)
     _check_range("batch", batch)
     _check_range("sequence", sequence)
-    _check_inputs(onnx_path, inputs)
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    _check_inputs(onnx_path, graph, inputs)
     if calibration is not None and not int8:
         raise ValueError("calibration batches are only used with int8=True")
     if int8 and calibration is None:
@@ -224,7 +241,7 @@ def build_engine(
             raise EngineBuildError(f"TensorRT refused a calibration profile of shape {batches[0][inputs[0]].shape}")
         calibrator = _calibrator(trt, Cuda(), batches, dtypes)
         config.int8_calibrator = calibrator
-    fp32_layers = _keep_fp32(trt, network) if fp16 or int8 else []
+    fp32_layers = _keep_fp32(trt, network, layernorm_scopes(graph)) if fp16 or int8 else []
     if fp32_layers:
         config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
 

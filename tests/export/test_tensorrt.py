@@ -2,10 +2,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from edgedistill.common.runtime import TensorRTUnavailable, open_runner, tensorrt_available
 from edgedistill.export import tensorrt as trt_export
-from edgedistill.export.tensorrt import EngineBuildError, build_engine
+from edgedistill.export.onnx_export import Source, export_onnx
+from edgedistill.export.tensorrt import EngineBuildError, build_engine, layernorm_scopes, scope
 from onnx import TensorProto, helper, numpy_helper
+from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
 
 INPUTS = ["input_ids", "attention_mask"]
 VOCAB, HIDDEN = 32, 8
@@ -137,6 +140,47 @@ def test_a_calibration_row_longer_than_the_profiles_opt_length_keeps_its_last_to
 def test_calibration_batches_pad_the_attention_mask_with_zeros_whatever_the_pad_id():
     batch = trt_export.calibration_batches(SHORT_THEN_LONGER, INPUTS, (1, 2, 4), (1, 4, 8), pad_id=50256)[0]
     assert batch["attention_mask"][0].tolist() == [1, 1, 1, 0, 0]
+
+
+class Logits(torch.nn.Module):
+    """A Hugging Face classifier as `(input_ids, attention_mask) -> logits`."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def exported_at_opset_16(tmp_path, model) -> onnx.GraphProto:
+    """The graph of `model` exported at opset 16, which has no LayerNormalization: each LayerNorm is decomposed."""
+    export_onnx(Source(Logits(model.eval()), tuple(INPUTS), "tiny", tmp_path), tmp_path / "plain.onnx", opset=16)
+    return onnx.load(str(tmp_path / "plain.onnx")).graph
+
+
+def test_a_gpt2s_decomposed_layernorms_are_kept_in_fp32_whatever_their_module_name(tmp_path):
+    config = GPT2Config(vocab_size=120, n_embd=16, n_layer=1, n_head=2, n_positions=64, pad_token_id=0)
+    graph = exported_at_opset_16(tmp_path, GPT2ForSequenceClassification(config))
+    ln = {"/model/transformer/h.0/ln_1", "/model/transformer/h.0/ln_2", "/model/transformer/ln_f"}
+    assert layernorm_scopes(graph) == ln, "and not the GELU's Pow"
+
+
+def test_a_berts_decomposed_layernorms_are_kept_in_fp32(tmp_path):
+    config = BertConfig(
+        vocab_size=120, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    graph = exported_at_opset_16(tmp_path, BertForSequenceClassification(config))
+    layer = "/model/bert/encoder/layer.0"
+    want = {"/model/bert/embeddings/LayerNorm", f"{layer}/attention/output/LayerNorm", f"{layer}/output/LayerNorm"}
+    assert layernorm_scopes(graph) == want
+
+
+def test_every_node_of_a_gpt2s_decomposed_layernorm_is_in_its_scope(tmp_path):
+    config = GPT2Config(vocab_size=120, n_embd=16, n_layer=1, n_head=2, n_positions=64, pad_token_id=0)
+    graph = exported_at_opset_16(tmp_path, GPT2ForSequenceClassification(config))
+    ops = {node.op_type for node in graph.node if scope(node.name) in layernorm_scopes(graph)}
+    assert ops >= {"ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div"}
 
 
 def _ort_outputs(model, inputs):
