@@ -29,6 +29,10 @@ SIGNED = re.compile(r"[+-]?[0-9]+")  # a label name that reads as a number
 # the key of a manifest's `info` that holds the `Examples.digest` of the dev examples its dev figures were measured on
 DEV_EXAMPLES = "dev_examples"
 FIELD_SIZE_LIMIT = 2**31 - 1  # characters in a CSV/TSV field: the csv module's C long, on every platform
+# what to give a split that holds no labels: GLUE's test splits, whose labels are not published
+LABELLED_ONLY = (
+    "data.train, data.dev and data.test take labelled examples only: a labelled split, e.g. a slice of train held out"
+)
 # the second text's columns beside a first of these names: GLUE's and SuperGLUE's pair tasks, and the names of a
 # Hugging Face tokenizer's arguments (`text`, `text_pair`), which datasets saved for one often keep
 SECOND_TEXTS = {
@@ -432,6 +436,12 @@ def _missing_columns(
         )
     near = [f"{name!r} for {column!r}" for column in missing for name in difflib.get_close_matches(column, row, n=1)]
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    if missing == [cfg.label_column] and not near and label is None:
+        return DataError(
+            f"{where}: missing column(s) {missing}; {found}: the split holds no labels (as GLUE's test files do); "
+            f"{LABELLED_ONLY}, or its examples labelled. If its labels are in another column, set data.label_column "
+            "in the recipe"
+        )
     return DataError(f"{where}: missing column(s) {missing}; {found}{hint}. Set {settings} in the recipe")
 
 
@@ -557,8 +567,7 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
         if class_label and label in (-1, None):
             raise DataError(
                 f"{where}: label {label}, which marks an example without a label in a Hub class label: the split is "
-                "unlabelled (as GLUE's test splits are) or holds such examples (as a few of SNLI's do); data.train, "
-                "data.dev and data.test take labelled examples only: a labelled split, e.g. a slice of train held out "
+                f"unlabelled (as GLUE's test splits are) or holds such examples (as a few of SNLI's do); {LABELLED_ONLY} "
                 "(train[90%:]), or the split without those examples saved as a file"
             )
         if label is None or isinstance(label, str) and not label.strip():

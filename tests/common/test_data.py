@@ -882,6 +882,29 @@ def test_a_malformed_test_split_is_named_by_its_setting(tmp_path):
         load_test(cfg)
 
 
+def unlabelled_test_split(tmp_path) -> str:
+    """The error of a test split laid out as GLUE SST-2's `test.tsv`: an index and a sentence, no label."""
+    test = tmp_path / "test.tsv"
+    test.write_text("index\tsentence\n0\tit 's a charming journey .\n")
+    with pytest.raises(DataError) as refused:
+        load_test(CFG.model_copy(update={"test": str(test)}))
+    return str(refused.value)
+
+
+def test_a_test_split_without_labels_is_told_it_holds_none(tmp_path):
+    assert "['index', 'sentence']: the split holds no labels" in unlabelled_test_split(tmp_path)
+
+
+def test_a_test_split_without_labels_is_told_to_use_a_labelled_one(tmp_path):
+    assert "data.test take labelled examples only: a labelled split" in unlabelled_test_split(tmp_path)
+
+
+def test_a_misspelt_label_column_is_not_taken_for_a_split_without_labels(tmp_path):
+    (tmp_path / "a.tsv").write_text("sentence\tlabels\ngood\t1\n")
+    with pytest.raises(DataError, match=re.escape("(did you mean 'labels' for 'label'?)")):
+        load_labelled(str(tmp_path / "a.tsv"), CFG)
+
+
 @pytest.fixture
 def hub_texts(monkeypatch):
     """A Hub source reading an in-memory dataset with a text column holding a missing value and a label column."""
