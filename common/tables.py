@@ -40,17 +40,19 @@ def _limit_value(limit: str) -> float | None:
 
 
 def measured(verdict: dict, text: Callable[[object], str]) -> str:
-    """A verdict's measured figure as `text` writes it, with as many more decimals as it takes not to print its limit's
+    """A verdict's measured figure as `text` writes it, with as many more digits as it takes not to print its limit's
     number unless it is that number: a p99 of 3.00004 ms is not 3 against <= 3, nor 1 failed call in 12,000 an error
-    rate of 0.00 against <= 0."""
+    rate of 0.00 against <= 0. A figure written with an exponent gets more significant digits (an error rate of
+    1.00001e-05 against <= 1e-05), one written without more decimals."""
     value, limit = verdict["measured"], _limit_value(verdict["limit"])
     written = text(value)
     if not isinstance(value, float) or limit is None or value == limit:
         return written
-    decimals = 0 if "e" in written else len(written.partition(".")[2])
+    style = "g" if "e" in written else "f"
+    digits = 0 if style == "g" else len(written.partition(".")[2])
     while float(written) == limit:
-        decimals += 1
-        written = f"{value:.{decimals}f}"
+        digits += 1
+        written = f"{value:.{digits}{style}}"
     return written
 
 

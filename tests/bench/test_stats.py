@@ -38,6 +38,14 @@ def test_percentiles_of_no_calls_are_none():
     assert percentiles(np.array([])) == {"p50_ms": None, "p95_ms": None, "p99_ms": None, "max_ms": None}
 
 
+def test_a_p99_over_60_calls_is_the_one_call_slower_than_1_percent_allows():
+    assert percentiles(np.array([1.0] * 59 + [300.0]))["p99_ms"] == 300
+
+
+def test_a_p99_over_100_calls_leaves_one_call_above_it():
+    assert percentiles(np.arange(1.0, 101.0))["p99_ms"] == 99
+
+
 def test_summarize_spreads_every_number_over_repeats():
     repeats = [
         {"p99_ms": 2.0, "requests": 10, "offered_rate": None, "error_codes": {}},

@@ -75,6 +75,11 @@ def test_a_measured_figure_written_with_an_exponent_at_its_limit_shows_its_decim
     assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "999.6"
 
 
+def test_a_measured_figure_written_with_an_exponent_at_its_limits_text_shows_more_significant_digits():
+    verdict = {"name": "error_rate", "measured": 1 / 99999, "limit": "<= 1e-05", "passed": False}
+    assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "1.00001e-05"
+
+
 def test_one_of_a_noun_is_counted_in_the_singular():
     assert tables.counted(1, "thread") == "1 thread"
 
