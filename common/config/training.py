@@ -505,6 +505,15 @@ class LossWeights(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _a_term_reaches_the_classifier(self):
+        if (given := self.layered) and not (self.kd or self.mse or self.ce):
+            raise ValueError(
+                f"{' and '.join(given)} alone would train the student's layers, not its classifier, which would stay "
+                "random: give kd, mse or ce a weight (mse: 1)"
+            )
+        return self
+
     @property
     def layered(self) -> list[str]:
         """The weighted terms that compare a transformer student's layers with the teacher's: the student stage runs

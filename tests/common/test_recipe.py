@@ -1817,6 +1817,20 @@ def test_a_student_whose_loss_weights_are_all_zero_is_refused_at_load(tmp_path):
         extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
 
 
+@pytest.mark.parametrize("layers", ["hidden: 1", "attention: 1", "hidden: 1, attention: 1"])
+def test_a_student_whose_only_weighted_losses_are_layer_losses_is_refused_at_load(tmp_path, layers):
+    student = "{model: {arch: transformer}, losses: {mse: 0, " + layers + "}}"
+    with pytest.raises(RecipeError, match=r"distill.students.small.losses: .*not its classifier.*give kd, mse or ce"):
+        extend(tmp_path, "distill: {students: {small: " + student + "}}\n")
+
+
+@pytest.mark.parametrize("term", ["kd", "mse", "ce"])
+def test_a_student_with_layer_losses_and_one_logit_loss_loads(term):
+    losses = {"kd": 0.0, "mse": 0.0, "ce": 0.0, "hidden": 1.0} | {term: 0.5}
+    recipe = load_recipe(SMOKE, {"distill.students.transformer.losses": losses})
+    assert getattr(recipe.distill.students["transformer"].losses, term) == 0.5
+
+
 def test_a_pair_column_that_is_the_text_column_is_refused(tmp_path):
     with pytest.raises(RecipeError, match=r"data\.text_column and data\.text_pair_column both name the column 'a'"):
         load_recipe(write(tmp_path, MINIMAL), {"data.text_column": "a", "data.text_pair_column": "a"})
