@@ -162,7 +162,7 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
         losses = info["losses"]
         terms = ", ".join(f"{name} {weight:g}" for name, weight in losses.items() if weight)
         if kind == "student":
-            made = f"Distilled from `runs/{recipe.name}/teacher` on its transfer set, loss weights {terms}"
+            made = f"Distilled from `{run_dir(recipe) / 'teacher'}` on its transfer set, loss weights {terms}"
             if losses["kd"]:
                 made += f", temperature {info['temperature']:g}"
         else:
@@ -185,10 +185,10 @@ def _making(recipe: Recipe, stage: str, info: dict) -> list[str]:
             *tables.markdown(headers, rows),
         ]
     spec = info["bundle"]
+    source = run_dir(recipe) / ("teacher" if info["source"] == "teacher" else f"student-{info['source']}")
     return [
         f"{RUNTIMES[spec['runtime']][1]} bundle ({spec['precision']}, opset {spec['opset']}) exported from "
-        f"`runs/{recipe.name}/{'teacher' if info['source'] == 'teacher' else 'student-' + info['source']}` and "
-        "checked against it on the dev set (parity figures below)."
+        f"`{source}` and checked against it on the dev set (parity figures below)."
     ]
 
 
@@ -215,7 +215,7 @@ def _tokenized(pairs: bool, derived: bool, ptb: bool, cut: str, tensors: str) ->
 
 
 def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
-    folder = f"runs/{recipe.name}/{stage}"
+    folder = run_dir(recipe) / stage
     kind = _kind(stage)
     ptb = _text_style(recipe, info) == "ptb_lower"
     if kind == "teacher":

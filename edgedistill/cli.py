@@ -155,11 +155,31 @@ def pipeline(recipe: str, jobs: int, overrides: list[str], force: bool = False) 
 
 
 def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[list[str]]:
-    """For each of `commands`, those of `overrides` it takes: each reads only some sections (`common.sections`),
-    and refuses an override of another, which would change nothing it does. An override the recipe does not take (an
-    unknown key: the loader's message names the near ones), or that none of them reads, is refused (`RecipeError`)."""
-    from edgedistill.common.recipe import RecipeError, load_recipe, needless, parse_overrides
-    from edgedistill.common.sections import outside, readers, scope
+    """For each of `commands`, those of `overrides` it takes (`taken`); one that none of them reads is refused
+    (`RecipeError`)."""
+    from edgedistill.common.recipe import RecipeError, parse_overrides
+    from edgedistill.common.sections import readers, scope
+
+    given = taken(recipe, overrides, commands)
+    keys = [next(iter(parse_overrides([override]))) for override in overrides]
+    read = {key for arg, key in zip(overrides, keys, strict=True) if any(arg in args for args in given)}
+    if unread := [key for key in dict.fromkeys(keys) if key not in read]:
+        raise RecipeError(
+            "; ".join(
+                f"--{key}: no command {PROG} all runs reads {scope(key)}, so the override would change nothing: drop "
+                f"it, or give it to {' or '.join(f'{PROG} {c}' for c in readers(key))}"
+                for key in unread
+            )
+        )
+    return given
+
+
+def taken(recipe: str, overrides: list[str], commands: list[str]) -> list[list[str]]:
+    """For each of `commands` (as `common.sections` names them), those of `overrides` it takes: each reads only some
+    sections, and refuses an override of another, which would change nothing it does. An override the recipe does not
+    take (an unknown key: the loader's message names the near ones) is refused (`RecipeError`)."""
+    from edgedistill.common.recipe import load_recipe, needless, parse_overrides
+    from edgedistill.common.sections import outside
 
     if not overrides:
         return [[] for _ in commands]
@@ -170,14 +190,6 @@ def forwarded(recipe: str, overrides: list[str], commands: list[str]) -> list[li
     # what each command is not given: as it would refuse it (`load_command_recipe`), once per set of unread sections
     left_out = {outside_keys: set(needless(recipe, parsed, outside_keys)) for outside_keys in set(beyond.values())}
     dropped = {command: left_out[beyond[command]] for command in commands}
-    if unread := [key for key in dict.fromkeys(keys) if all(key in dropped[command] for command in commands)]:
-        raise RecipeError(
-            "; ".join(
-                f"--{key}: no command {PROG} all runs reads {scope(key)}, so the override would change nothing: drop "
-                f"it, or give it to {' or '.join(f'{PROG} {c}' for c in readers(key))}"
-                for key in unread
-            )
-        )
     return [
         [arg for arg, key in zip(overrides, keys, strict=True) if key not in dropped[command]] for command in commands
     ]

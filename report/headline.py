@@ -3,17 +3,19 @@
 The headline names the deployed bundle and how to serve and call it, with the figures that matter:
 the dev accuracy of the teacher and of the student the deployed bundle is built from (and test accuracy with a
 test split), speedup over the teacher in PyTorch eager mode (none for a bundle that cuts texts to fewer tokens than
-the teacher was timed on), serving latency
-and capacity, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per
-bundle: `common.measured`). Lines whose artifact is missing are left out; a model built with other settings than the
+the teacher was timed on), serving latency and capacity (a deployed cascade's from the cascade benchmark), the served
+accuracy, and the load test's SLO result, each of the deployed bundle (the measurements keep one folder per bundle:
+`common.measured`). Lines whose artifact is missing are left out; a model built with other settings than the
 recipe's now (edited since), and a measurement taken before what it measured was built again (the deployed bundle, a
 cascade, a model of the model benchmark or its teacher: `report.plan.stale`), is named, not shown, with the command
-that builds or measures it again. The student's retention and
+that builds or measures it again, with those of the overrides given that it reads. The student's retention and
 gain are shown by the distillation table's rule: while that table is of the artifacts now in the run
 (`common.summary`) and does not mark the student (for the gain, nor its baseline) out of date; else named, not shown.
 """
 
+import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from edgedistill.bench import slo
@@ -37,6 +39,7 @@ from edgedistill.report import plan
 from edgedistill.report.render import finished_stages
 from rich.table import Table
 
+CASCADE_RESULT = "cascade.json"  # `bench.cascade.CascadeResult.FILE`, read without the serve extra its module needs
 HEADLINE = ("dev_accuracy", "params", "size", "wall")  # the stage table's columns: parameters in millions, MiB, min
 CALL = {  # data.pairs -> how to call the served bundle: the command line, and the Classify request's body
     False: ('edgedistill call "<text>"', '{"texts": ["<text>"]}'),
@@ -113,33 +116,70 @@ def given_texts(folder: Path, texts: dict | None) -> str:
     )
 
 
-def served_accuracy(metrics: dict, recipe_path: str) -> list[str]:
+def served_accuracy(metrics: dict, recipe_path: str, overrides: Sequence[str] = ()) -> list[str]:
     """The served accuracy check's line: each API's dev accuracy beside the bundle's, and whether the server predicted
-    as the bundle does (`bench accuracy`'s verdict, which `make all` runs without failing on); none from a check
-    that recorded no verdict."""
+    as the bundle does (`bench accuracy`'s verdict, which `make all` runs without failing on), with how many of each
+    API's predictions were near-ties answered otherwise where it did; none from a check that recorded no verdict."""
     apis = {"classify": "Classify", "kserve": "KServe"}
     if "passed" not in metrics:
         return []
     figures = ", ".join(f"{name} {metrics[f'{api}_accuracy']:.4f}" for api, name in apis.items())
+    again = plan.command_line((plan.MEASURE_AGAIN[measured.ACCURACY],), recipe_path, overrides)
     verdict = (
         "the same predictions as the bundle's own"
         if metrics["passed"]
-        else f"DIFFERENT from the bundle's own (edgedistill bench accuracy {recipe_path} --check says how)"
+        else f"DIFFERENT from the bundle's own ({again} says how)"
     )
+    # a check that passed differs from the bundle's own at near-ties alone (`bench.accuracy`)
+    if metrics["passed"] and any(metrics.get(f"{api}_differing") for api in apis):
+        ties = ", ".join(f"{name} {metrics[f'{api}_differing']}" for api, name in apis.items())
+        verdict += f" but near-ties ({ties} answered otherwise)"
     return [f"served accuracy: {figures} (bundle {metrics['bundle_dev_accuracy']:.4f}), {verdict}"]
 
 
-def _not_shown(stale: dict[str, plan.Stale], recipe_path: str) -> list[str]:
+def _not_shown(stale: dict[str, plan.Stale], recipe_path: str, overrides: Sequence[str]) -> list[str]:
     """A line for each artifact or measurement `stale` names, with the command that builds or measures it again."""
     return [
         f"not shown: {name}, {left_out.why} ({'build' if modelcard.is_model(name) else 'measure'} it again: "
-        f"{plan.rerun(left_out.targets, recipe_path)})"
+        f"{plan.rerun(left_out.targets, recipe_path, overrides)})"
         for name, left_out in stale.items()
     ]
 
 
-def headline(recipe: Recipe, recipe_path: str) -> list[str]:
-    """The headline figures of a run, one line each, then how to serve and call the deployed bundle."""
+def serving_line(folder: Path) -> str:
+    """The serving benchmark's line (`bench serving`, in `folder`): paced p99 and capacity against an echo server and
+    a bare one."""
+    served = ServingResult.load(folder)
+    return (
+        f"serving: p99 {served.median('paced', 'p99_from_due_ms'):.2f} ms from the due time at "
+        f"{served.options['rate']:g} calls/s; "
+        f"capacity {served.median('capacity', 'texts_per_s'):.0f} calls/s = "
+        f"{served.ratios['capacity_vs_echo']:.2f} of an echo server, "
+        f"{served.ratios['capacity_vs_bare']:.2f} of a bare one"
+        + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
+        + (f"; {missed}" if (missed := slo.missed(served.targets)) else "")
+        + given_texts(folder, served.texts)
+    )
+
+
+def cascade_serving_line(folder: Path) -> str:
+    """The cascade benchmark's line (`bench cascade`, in `folder`): the cascade's paced p99 and capacity against its
+    last member served alone, as its `cascade.md` gives them."""
+    result = json.loads((folder / CASCADE_RESULT).read_text(encoding="utf-8"))
+    paced, capacity = (result["summary"]["cascade"][phase] for phase in ("paced", "capacity"))
+    failed = sum(record.get("failures", 0) for records in result["runs"]["cascade"].values() for record in records)
+    names = result["names"]
+    return (
+        f"serving: cascade {names['cascade']}, p99 {paced['p99_from_due_ms']['median']:.2f} ms from the due time at "
+        f"{result['options']['rate']:g} calls/s; capacity {capacity['texts_per_s']['median']:.0f} calls/s = "
+        f"{result['capacity_ratio']:.2f} of its last member, {names['last']}, served alone"
+        + (f"; {failed} calls failed" if failed else "")
+    )
+
+
+def headline(recipe: Recipe, recipe_path: str, overrides: Sequence[str] = ()) -> list[str]:
+    """The headline figures of a run, one line each, then how to serve and call the deployed bundle; the commands
+    it names take those of the recipe `overrides` given that each reads."""
     root = run_dir(recipe)
     lines = []
     metric = recipe.data.metric  # retention and the baseline's gain compare it, as the distillation table does
@@ -207,13 +247,13 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                 why = unknown or " and ".join(f"{kind}-{name}" for kind in marked) + " out of date"
                 lines.append(
                     f"not shown: student {name}'s {' and '.join(left_out)}, {why} "
-                    f"({plan.command_line(plan.DISTILL, recipe_path)} builds what is out of date and writes the table "
-                    f"again; in a checkout, {plan.make_line(plan.DISTILL, recipe_path)})"
+                    f"({plan.command_line(plan.DISTILL, recipe_path, overrides)} builds what is out of date and "
+                    f"writes the table again; {plan.in_checkout(plan.DISTILL, recipe_path, overrides)})"
                 )
             if baseline and not measured_baseline:
                 lines.append(f"not shown: student {name}'s gain, baseline-{name} records no {key}")
     if recipe.export is None:
-        return lines + _not_shown(stale, recipe_path)
+        return lines + _not_shown(stale, recipe_path, overrides)
     deploy = recipe.export.deploy
     bundle = root / f"bundle-{deploy}"
     if (root / "bench" / mf.MANIFEST).is_file():
@@ -232,22 +272,13 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
                     f"bench {model}: {cell.median_ms:.2f} ms at batch {batch}, {cell.timed_length} tokens {versus} "
                     f"({tables.counted(bench.threads, 'thread')})"
                 )
-    serving = root / plan.deployed(recipe, measured.SERVING)
+    cascade = deploy in recipe.export.cascades  # served, it is measured by the cascade benchmark
+    serving = root / plan.deployed(recipe, measured.CASCADE if cascade else measured.SERVING)
     if (serving / mf.MANIFEST).is_file() and serving.name not in stale:
-        served = ServingResult.load(serving)
-        lines.append(
-            f"serving: p99 {served.median('paced', 'p99_from_due_ms'):.2f} ms from the due time at "
-            f"{served.options['rate']:g} calls/s; "
-            f"capacity {served.median('capacity', 'texts_per_s'):.0f} calls/s = "
-            f"{served.ratios['capacity_vs_echo']:.2f} of an echo server, "
-            f"{served.ratios['capacity_vs_bare']:.2f} of a bare one"
-            + (f"; {failed} calls failed" if (failed := served.failed_calls()) else "")
-            + (f"; {missed}" if (missed := slo.missed(served.targets)) else "")
-            + given_texts(serving, served.texts)
-        )
+        lines.append(cascade_serving_line(serving) if cascade else serving_line(serving))
     checked = root / plan.deployed(recipe, measured.ACCURACY)
     if (checked / mf.MANIFEST).is_file() and checked.name not in stale:
-        lines += served_accuracy(mf.load(checked, verify=False).metrics, recipe_path)
+        lines += served_accuracy(mf.load(checked, verify=False).metrics, recipe_path, overrides)
     for folder in (root / name for name in plan.loadtests(recipe)):
         if not (folder / loadtest_result.RESULT_FILE).is_file() or folder.name in stale:
             continue
@@ -269,7 +300,7 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
             f"{overall['requests']} calls, {figure}, "
             f"{overall['failures']} failures, {tables.slo(result['passed'])}" + given_texts(folder, result.get("texts"))
         )
-    lines += _not_shown(stale, recipe_path)
+    lines += _not_shown(stale, recipe_path, overrides)
     if (root / "report" / "index.html").is_file():
         lines.append(f"report: {root / 'report' / 'index.html'}")
     if (bundle / mf.MANIFEST).is_file():
@@ -287,16 +318,16 @@ def headline(recipe: Recipe, recipe_path: str) -> list[str]:
 def main(argv: list[str] | None = None, prog: str = "edgedistill headline") -> int:
     parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_recipe_argument(parser, "headline")
-    args, rest = parser.parse_known_args(argv)
+    args, overrides = parser.parse_known_args(argv)
     try:
-        recipe = load_command_recipe(args.recipe, parse_overrides(rest), "headline", prog)
+        recipe = load_command_recipe(args.recipe, parse_overrides(overrides), "headline", prog)
         table = stage_table(recipe)
     except (RecipeError, mf.ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     console = Console() if sys.stdout.isatty() else Console(width=160)  # a log keeps whole folder names
     console.print(table)
-    for line in headline(recipe, args.recipe):
+    for line in headline(recipe, args.recipe, overrides):
         console.print(line, highlight=False, soft_wrap=True)
     return 0
 

@@ -1,6 +1,8 @@
 """The artifact folders `make all` (or `edgedistill all`) writes for a recipe, each with the target that builds it:
 a make target in a checkout, the edgedistill commands it runs where the package is installed (`Target`)."""
 
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple, get_args
 
@@ -11,6 +13,9 @@ from edgedistill.common.cascade import is_cascade
 from edgedistill.common.config.measure import Profile
 from edgedistill.common.manifest import MANIFEST
 from edgedistill.common.recipe import Recipe
+from edgedistill.common.sections import loadtest
+
+from edgedistill.cli import taken
 
 
 class Target(NamedTuple):
@@ -23,9 +28,20 @@ class Target(NamedTuple):
     def make(self) -> str:
         return f"{self.name} {VARIABLE[self.name]}={self.value}" if self.value else self.name
 
-    def commands(self, recipe: str) -> list[str]:
+    def commands(self, recipe: str, overrides: Sequence[str] = ()) -> list[str]:
+        """The edgedistill commands on the recipe file `recipe`, each with those of the recipe `overrides`
+        (`--section.key=value`) it takes (`edgedistill.cli.taken`)."""
         option = f" {OPTION[self.name]} {self.value}" if self.value else ""
-        return [f"edgedistill {command.format(recipe=recipe)}{option}" for command in COMMANDS[self.name]]
+        given = taken(recipe, list(overrides), [self._read_as(command) for command in COMMANDS[self.name]])
+        return [
+            f"edgedistill {command.format(recipe=recipe)}{option}" + "".join(f" {shlex.quote(arg)}" for arg in args)
+            for command, args in zip(COMMANDS[self.name], given, strict=True)
+        ]
+
+    def _read_as(self, command: str) -> str:
+        """`command`, of `COMMANDS`, as `common.sections` names it: a load test by its profile."""
+        name = command.partition(" {recipe}")[0]
+        return loadtest(self.value) if name == "loadtest" and self.value else name
 
 
 COMMANDS = {  # make target -> the edgedistill commands it runs after its prerequisites, as the Makefile has them
@@ -46,15 +62,24 @@ VARIABLE = {"loadtest": "PROFILE", "serve-cascade": "CASCADE"}  # make target ->
 OPTION = {"loadtest": "--profile", "serve-cascade": "--cascade"}
 
 
-def rerun(targets: tuple[Target, ...], recipe: str) -> str:
-    """How to run `targets` on the recipe file `recipe`: the edgedistill commands, then the make command line that
-    runs them in a checkout."""
-    return f"{command_line(targets, recipe)}; in a checkout, {make_line(targets, recipe)}"
+def rerun(targets: tuple[Target, ...], recipe: str, overrides: Sequence[str] = ()) -> str:
+    """How to run `targets` on the recipe file `recipe` with the recipe `overrides`: the edgedistill commands, then
+    how in a checkout (`in_checkout`)."""
+    return f"{command_line(targets, recipe, overrides)}; {in_checkout(targets, recipe, overrides)}"
 
 
-def command_line(targets: tuple[Target, ...], recipe: str) -> str:
-    """The edgedistill commands that run `targets` on the recipe file `recipe`, joined by `&&`."""
-    return " && ".join(command for target in targets for command in target.commands(recipe))
+def command_line(targets: tuple[Target, ...], recipe: str, overrides: Sequence[str] = ()) -> str:
+    """The edgedistill commands that run `targets` on the recipe file `recipe` with the recipe `overrides` each takes,
+    joined by `&&`."""
+    return " && ".join(command for target in targets for command in target.commands(recipe, overrides))
+
+
+def in_checkout(targets: tuple[Target, ...], recipe: str, overrides: Sequence[str] = ()) -> str:
+    """`in a checkout, <the make command line>`; with recipe `overrides`, that the same commands run there: make
+    passes them to no target, whose prerequisites would build again without them."""
+    if overrides:
+        return "the same in a checkout, where make takes no recipe overrides"
+    return f"in a checkout, {make_line(targets, recipe)}"
 
 
 def make_line(targets: tuple[Target, ...], recipe: str | None = None) -> str:

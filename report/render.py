@@ -119,7 +119,11 @@ def _stages(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]
 
 RERUN = ("built or measured by", "in a checkout")  # the columns `_rerun` fills
 RECIPE = "RECIPE.yaml"  # the report is an artifact of the recipe's contents: what its file is called is not known
-RECIPE_NOTE = f"{RECIPE} stands for the run's recipe file"
+RECIPE_NOTE = (
+    f"{RECIPE} stands for the run's recipe file, followed by the overrides `edgedistill report` was given "
+    "(`--section.key=value`), if any, in each command that reads their section (`edgedistill COMMAND --help` names "
+    "them); make takes no overrides, so its command lines are of the recipe file alone"
+)
 
 
 def _rerun(targets: tuple[plan.Target, ...]) -> list[str]:

@@ -152,9 +152,19 @@ def test_card_lists_the_labels(recipe):
     assert "2 labels: `negative`, `positive`" in _text(recipe, folder)
 
 
-def test_student_card_shows_from_pretrained(recipe):
+def test_student_card_loads_the_student_from_its_folder_in_the_runs_folder(recipe):
     folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
-    assert 'Student.from_pretrained("runs/smoke/student-bilstm")' in _text(recipe, folder)
+    assert f'Student.from_pretrained("{run_dir(recipe) / "student-bilstm"}")' in _text(recipe, folder)
+
+
+def test_student_card_names_the_teacher_it_was_distilled_from_in_the_runs_folder(recipe):
+    folder = _publish(recipe, "student-bilstm", STUDENT_METRICS, STUDENT_INFO)
+    assert f"Distilled from `{run_dir(recipe) / 'teacher'}` on its transfer set" in _text(recipe, folder)
+
+
+def test_teacher_card_loads_the_teacher_from_its_folder_in_the_runs_folder(recipe):
+    folder = _publish(recipe, "teacher", {"dev_accuracy": 0.85}, {"steps": 10})
+    assert f'from_pretrained("{run_dir(recipe) / "teacher"}")' in _text(recipe, folder)
 
 
 def test_card_of_a_ptb_lower_task_says_to_write_texts_in_its_style(recipe):
@@ -188,9 +198,25 @@ def test_pair_student_card_of_a_ptb_lower_task_writes_the_text_and_its_pair_so(r
     assert 'batch = tokenizer([tokenise("a text")], [tokenise("its pair")], truncation=True' in text
 
 
-def test_bundle_card_says_how_to_serve(recipe):
+def test_bundle_card_serves_the_bundle_from_its_folder_in_the_runs_folder(recipe):
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
-    assert "edgedistill serve --bundle runs/smoke/bundle-bilstm-int8" in _text(recipe, folder)
+    assert f"edgedistill serve --bundle {run_dir(recipe) / 'bundle-bilstm-int8'}\n" in _text(recipe, folder)
+
+
+def test_bundle_card_serves_the_bundle_with_make_from_its_folder_in_the_runs_folder(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
+    assert f"make serve BUNDLE={run_dir(recipe) / 'bundle-bilstm-int8'}  # in a checkout" in _text(recipe, folder)
+
+
+def test_bundle_card_opens_the_model_file_in_the_runs_folder(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
+    model = run_dir(recipe) / "bundle-bilstm-int8" / "model.onnx"
+    assert f'session = ort.InferenceSession("{model}")' in _text(recipe, folder)
+
+
+def test_bundle_card_names_the_student_it_was_exported_from_in_the_runs_folder(recipe):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
+    assert f"exported from `{run_dir(recipe) / 'student-bilstm'}`" in _text(recipe, folder)
 
 
 def test_bundle_card_opens_the_model_with_the_optimizers_the_bundle_disables(recipe):

@@ -16,6 +16,9 @@ from rich.console import Console
 
 from tests.conftest import ROOT
 
+SMOKE = str(ROOT / "recipes" / "smoke.yaml")
+LR = "--distill.students.bilstm.optim.lr=0.002"  # the smoke recipe's student bilstm learns at 0.003
+
 
 def publish(folder, metrics, parents=None, built_as: Stage | None = None):
     """An artifact in `folder` with `metrics`, recording what the stage `built_as` hashes where given."""
@@ -306,7 +309,14 @@ def test_load_test_lines_give_p99_or_for_a_step_test_its_capacity(recipe):
     )
 
 
-CHECKED = {"classify_accuracy": 0.81, "kserve_accuracy": 0.81, "bundle_dev_accuracy": 0.81, "passed": True}
+CHECKED = {
+    "classify_accuracy": 0.81,
+    "kserve_accuracy": 0.81,
+    "bundle_dev_accuracy": 0.81,
+    "classify_differing": 0,
+    "kserve_differing": 0,
+    "passed": True,
+}
 
 
 @pytest.mark.parametrize(
@@ -321,6 +331,19 @@ def test_the_served_accuracy_line_gives_the_checks_verdict(recipe, passed, verdi
     )
     [line] = [line for line in headline.headline(recipe, "recipes/smoke.yaml") if line.startswith("served accuracy")]
     assert line.startswith(f"served accuracy: Classify 0.8100, KServe 0.8100 (bundle 0.8100), {verdict}")
+
+
+def test_the_served_accuracy_line_of_a_passed_check_counts_the_near_ties_each_api_answered_otherwise():
+    metrics = CHECKED | {"classify_differing": 1, "kserve_differing": 2}
+    [line] = headline.served_accuracy(metrics, "recipes/smoke.yaml")
+    assert line.endswith(
+        "the same predictions as the bundle's own but near-ties (Classify 1, KServe 2 answered otherwise)"
+    )
+
+
+def test_the_served_accuracy_line_of_a_failed_check_names_the_command_with_the_overrides_it_reads():
+    [line] = headline.served_accuracy(CHECKED | {"passed": False}, SMOKE, ["--export.tie_margin=0.2"])
+    assert f"(edgedistill bench accuracy {SMOKE} --check --export.tie_margin=0.2 says how)" in line
 
 
 def test_a_load_test_line_gives_the_p99_its_slo_verdict_reads(recipe):
@@ -617,6 +640,73 @@ def test_the_serving_line_names_the_targets_the_benchmark_missed(recipe):
     assert serving_line(recipe).endswith("; missed paced 200/s: p99_from_due_ms")
 
 
+def publish_cascade_serving(recipe, failures: int = 0, earlier: bool = False) -> None:
+    """The cascade benchmark of the run's bundle-bilstm-cascade (published with it) whose paced phase failed
+    `failures` calls, measured on an `earlier` build of the cascade where asked."""
+    root = run_dir(recipe)
+    cascade = root / "bundle-bilstm-cascade"
+    publish(cascade, {})
+    spread = {"median": 1.0, "min": 1.0, "max": 1.0}
+    result = {
+        "names": {"cascade": "bilstm-cascade", "last": "teacher-fused"},
+        "runs": {"cascade": {"capacity": [{"failures": 0}], "paced": [{"failures": failures}]}},
+        "summary": {
+            "cascade": {
+                "capacity": {"texts_per_s": spread | {"median": 587.0}},
+                "paced": {"p99_ms": spread | {"median": 4.5}, "p99_from_due_ms": spread | {"median": 4.69}},
+            }
+        },
+        "capacity_ratio": 0.65,
+        "options": {"rate": 200.0},
+    }
+    folder = root / "serve-cascade-bilstm-cascade"
+    with mf.stage_folder(folder) as tmp:
+        (tmp / headline.CASCADE_RESULT).write_text(json.dumps(result))
+        parent = mf.parent_of(cascade)
+        if earlier:
+            parent = parent.model_copy(update={"manifest_sha256": "0" * 64})
+        base = mf.Manifest(stage=folder.name, recipe="smoke", recipe_hash="h", config_hash="c")
+        mf.commit(tmp, folder, base.model_copy(update={"parents": {"cascade": parent}}))
+
+
+def deployed_cascade(tmp_path, monkeypatch):
+    """The smoke recipe deploying its cascade bilstm-cascade, its runs folder under `tmp_path`."""
+    return smoke_with(tmp_path, monkeypatch, "--export.deploy=bilstm-cascade")
+
+
+def test_the_serving_line_of_a_deployed_cascade_gives_its_cascade_benchmarks_p99_and_capacity(tmp_path, monkeypatch):
+    recipe = deployed_cascade(tmp_path, monkeypatch)
+    publish_cascade_serving(recipe)
+    assert serving_line(recipe) == (
+        "serving: cascade bilstm-cascade, p99 4.69 ms from the due time at 200 calls/s; capacity 587 calls/s = 0.65 "
+        "of its last member, teacher-fused, served alone"
+    )
+
+
+def test_the_serving_line_of_a_deployed_cascade_says_how_many_calls_of_its_benchmark_failed(tmp_path, monkeypatch):
+    recipe = deployed_cascade(tmp_path, monkeypatch)
+    publish_cascade_serving(recipe, failures=3)
+    assert serving_line(recipe).endswith("; 3 calls failed")
+
+
+def test_no_serving_line_comes_from_a_benchmark_of_an_earlier_build_of_the_deployed_cascade(tmp_path, monkeypatch):
+    recipe = deployed_cascade(tmp_path, monkeypatch)
+    publish_cascade_serving(recipe, earlier=True)
+    assert not [line for line in headline.headline(recipe, "recipes/smoke.yaml") if line.startswith("serving")]
+
+
+def test_a_benchmark_of_an_earlier_build_of_the_deployed_cascade_is_named_with_the_command_to_run_again(
+    tmp_path, monkeypatch
+):
+    recipe = deployed_cascade(tmp_path, monkeypatch)
+    publish_cascade_serving(recipe, earlier=True)
+    assert (
+        "not shown: serve-cascade-bilstm-cascade, its parent cascade was built again (measure it again: edgedistill "
+        "bench cascade recipes/smoke.yaml --cascade bilstm-cascade; in a checkout, make serve-cascade "
+        "CASCADE=bilstm-cascade RECIPE=recipes/smoke.yaml)"
+    ) in headline.headline(recipe, "recipes/smoke.yaml")
+
+
 @pytest.mark.parametrize("folder", ["serve-bench-cnn-int8", "serve-bench"])
 def test_no_serving_line_comes_from_a_bundle_not_deployed_or_an_older_releases_folder(recipe, folder):
     publish_serving(run_dir(recipe) / folder, failures=0)
@@ -692,6 +782,30 @@ def edited_student_headline(recipe) -> list[str]:
     publish(stage.folder, {"dev_accuracy": 0.88, "retention": 0.88 / 0.9}, built_as=stage)
     tabled(recipe)
     return headline.headline(recipe, "recipes/smoke.yaml")
+
+
+def overridden_student_headline(tmp_path, monkeypatch) -> list[str]:
+    """The headline, given `LR`, of a smoke run whose deployed student was distilled with the recipe's settings."""
+    recipe = smoke_with(tmp_path, monkeypatch)
+    stage = stages.student(recipe, recipe.distill.deploy)
+    publish(stage.folder, {"dev_accuracy": 0.88, "retention": 0.88 / 0.9}, built_as=stage)
+    return headline.headline(smoke_with(tmp_path, monkeypatch, LR), SMOKE, [LR])
+
+
+def test_headline_given_overrides_names_the_command_that_builds_a_student_again_with_them(tmp_path, monkeypatch):
+    [line] = [line for line in overridden_student_headline(tmp_path, monkeypatch) if "student-bilstm," in line]
+    assert f"(build it again: edgedistill distill {SMOKE} --jobs 2 {LR}; " in line
+
+
+def test_headline_given_overrides_gives_no_make_line_which_would_drop_them(tmp_path, monkeypatch):
+    [line] = [line for line in overridden_student_headline(tmp_path, monkeypatch) if "student-bilstm," in line]
+    assert line.endswith("; the same in a checkout, where make takes no recipe overrides)")
+
+
+def test_headline_command_passes_its_overrides_to_the_commands_it_names(tmp_path, monkeypatch, capsys):
+    overridden_student_headline(tmp_path, monkeypatch)
+    headline.main([SMOKE, LR])
+    assert f"edgedistill distill {SMOKE} --jobs 2 {LR};" in capsys.readouterr().out
 
 
 def test_headline_gives_no_figures_of_a_student_distilled_before_its_settings_were_edited(recipe):

@@ -49,6 +49,39 @@ def test_a_measurement_of_a_bundle_built_again_is_run_again_after_the_bundles():
     )
 
 
+SMOKE = str(ROOT / "recipes" / "smoke.yaml")
+LR = "--distill.students.bilstm.optim.lr=1e-3"  # read by the stages that train or export, by no benchmark
+
+
+def test_a_command_is_named_with_the_recipe_overrides_of_the_sections_it_reads():
+    assert plan.command_line(plan.DISTILL, SMOKE, [LR]) == f"edgedistill distill {SMOKE} --jobs 2 {LR}"
+
+
+def test_a_command_is_named_without_the_recipe_overrides_of_sections_it_does_not_read():
+    targets = (plan.Target("bundles"), plan.Target("serve-bench"))
+    assert plan.command_line(targets, SMOKE, [LR]) == (
+        f"edgedistill bundles {SMOKE} {LR} && edgedistill bench serving {SMOKE}"
+    )
+
+
+def test_a_load_test_is_named_with_the_recipe_overrides_of_its_own_profile():
+    target = plan.Target("loadtest", "steady")
+    assert plan.command_line((target,), SMOKE, ["--loadtest.steady.rate=5"]) == (
+        f"edgedistill loadtest {SMOKE} --profile steady --loadtest.steady.rate=5"
+    )
+
+
+def test_an_override_value_is_quoted_for_the_shell():
+    labels = "--data.label_names=[negative, positive]"
+    assert shlex.split(plan.command_line((plan.Target("teacher"),), SMOKE, [labels]))[-1] == labels
+
+
+def test_a_rerun_with_recipe_overrides_gives_no_make_line_which_would_drop_them():
+    assert plan.rerun(plan.DISTILL, SMOKE, [LR]).endswith(
+        "; the same in a checkout, where make takes no recipe overrides"
+    )
+
+
 def publish(folder, parents=(), result="{}", built_as: Stage | None = None):
     """An artifact in `folder` built from the artifacts `parents` beside it, pinned as a build pins them, recording what
     the stage `built_as` hashes where given."""

@@ -265,6 +265,13 @@ def test_a_report_of_the_teacher_alone_names_the_absent_students(tmp_path):
     )
 
 
+def test_a_report_says_its_commands_take_the_overrides_it_was_given_after_the_recipe_and_make_none(tmp_path):
+    assert (
+        "RECIPE.yaml stands for the run's recipe file, followed by the overrides `edgedistill report` was given "
+        "(`--section.key=value`), if any, in each command that reads their section"
+    ) in missing_markdown(tmp_path)
+
+
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_load_test(tmp_path):
     assert (
         "| loadtest-smoke-bilstm-int8 | edgedistill loadtest RECIPE.yaml --profile smoke "
