@@ -9,11 +9,11 @@ JOBS     ?= 2
 CORES     = $(or $(shell $(PY) -c 'from edgedistill.common.machine import usable_cores; print(usable_cores())' 2>/dev/null),$(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN))
 TEST_WORKERS ?= $(shell echo $$(( $(CORES) + 1 )))
 # RUNS_DIR in the environment is EDGEDISTILL_RUNS_DIR's old name, which wins when both are set, as the stages read them;
-# RUNS_DIR given on make's command line wins over both.
+# RUNS_DIR given on make's command line wins over both. A leading ~/ is the home folder, as the stages read it.
 ifeq ($(origin RUNS_DIR),environment)
 RUNS_DIR := $(or $(EDGEDISTILL_RUNS_DIR),$(RUNS_DIR))
 endif
-RUNS_DIR ?= $(or $(EDGEDISTILL_RUNS_DIR),runs)
+override RUNS_DIR := $(patsubst ~/%,$(HOME)/%,$(if $(filter undefined,$(origin RUNS_DIR)),$(or $(EDGEDISTILL_RUNS_DIR),runs),$(RUNS_DIR)))
 PYTHON   ?= python3
 VENV     := .venv
 PY       := $(VENV)/bin/python
@@ -27,7 +27,7 @@ export EDGEDISTILL_RUNS_DIR := $(RUNS_DIR)
 # name by more than a typo would) passes on to the commands' environment. GIVEN takes the names whose origin is the
 # command line: MAKEOVERRIDES escapes the spaces of a value (TEXT=a\ pair\ of), so its words are not definitions.
 VARIABLES := RECIPE NPROC JOBS TEST_WORKERS RUNS_DIR PYTHON TORCH_INDEX ORT BUNDLE PORT TEXT PAIR CASCADE \
-  SERVE_BENCH_ARGS PEERS_BENCH_ARGS SCALING_BENCH_ARGS PROFILE LOADTEST_ARGS IMAGE BASE_IMAGE BAKE PIP_CERT CONFIRM
+  SERVE_BENCH_ARGS PEERS_BENCH_ARGS SCALING_BENCH_ARGS PROFILE LOADTEST_ARGS IMAGE BASE_IMAGE REFRESH BAKE PIP_CERT CONFIRM
 GIVEN := $(subst ',,$(filter-out $(VARIABLES),$(foreach name,$(.VARIABLES),$(if $(filter command line,$(origin $(name))),$(name)))))
 MISSPELT := $(if $(GIVEN),$(shell $(PYTHON) -c 'import difflib, sys; known = sys.argv[1].split(); print("; ".join(f"{name}: did you mean {near[0]}?" for name in sys.argv[2].split() for near in [difflib.get_close_matches(name.upper(), known, 1, 0.75)] if near and not (name.upper().startswith(near[0]) and len(name) > len(near[0]) + 2)))' '$(VARIABLES)' '$(GIVEN)'))
 $(if $(MISSPELT),$(error unknown variable $(MISSPELT) (every variable: docs/settings.md#make-variables)))
@@ -170,6 +170,14 @@ DEPLOY = $(word 2,$(RECIPE_INFO))
 # BUNDLE and PORT take the server's own EDGEDISTILL_BUNDLE and EDGEDISTILL_PORT where set (a goal that measures refuses
 # those, above; a service link is none), so make serve and make call honour them rather than override them by flags.
 BUNDLE ?= $(or $(EDGEDISTILL_BUNDLE),$(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>)))
+# A goal that builds the bundles trains first, and needs the recipe's transfer, distill and export sections: one it
+# lacks (or a recipe that does not load) stops make at once, as it stops `edgedistill all`, not after the training.
+# Before make setup nothing reads the recipe here, and the stages refuse it in turn.
+BUILDING_BUNDLES := all bundles bench triton-repo serve-bench serve-accuracy serve-cascade peers-bench scaling-bench
+ifneq ($(and $(filter $(BUILDING_BUNDLES),$(MAKECMDGOALS)),$(wildcard $(PY))),)
+MISSING_SECTIONS := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: print(err) if issubclass(kind, ValueError) else sys.__excepthook__(kind, err, tb); from edgedistill.cli import refuse_missing_sections; refuse_missing_sections(sys.argv[1], [])" '$(RECIPE)')
+$(if $(MISSING_SECTIONS),$(error $(MISSING_SECTIONS)))
+endif
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
 
@@ -204,7 +212,7 @@ PEER_PINS := onnxruntime==1.31.1 tokenizers==0.23.3 PyYAML==6.0.3
 $(if $(and $(filter peers-bench scaling-bench,$(MAKECMDGOALS)),$(if $(shell command -v h2load),,missing)),$(error h2load not found, which make $(filter peers-bench scaling-bench,$(MAKECMDGOALS)) drives its servers with: install Debian's nghttp2-client (make setup-system)))
 $(if $(and $(filter peers-bench,$(MAKECMDGOALS)),$(if $(findstring -python,$(PEERS_BENCH_ARGS)),,$(if $(wildcard $(PEERS)),,missing))),$(error no peer environments in $(PEERS)/: run make peers-setup first, or name their interpreters in PEERS_BENCH_ARGS (--kserve-python, --mlserver-python)))
 
-peers-setup: $(STAMP)  ## the peers' own environments for peers-bench (.venv-peers/): KServe and MLServer, each with ONNX Runtime and this project
+peers-setup: setup-system $(STAMP)  ## the peers' own environments for peers-bench (.venv-peers/): KServe and MLServer, each with ONNX Runtime and this project
 	$(PYTHON) -m venv $(PEERS)/kserve
 	$(PEERS)/kserve/bin/pip install -q kserve==0.21.0 $(PEER_PINS)
 	$(PEERS)/kserve/bin/pip install -q --no-deps -e .
@@ -285,7 +293,7 @@ container-test: $(STAMP) base-image  ## build the image, serve BUNDLE from it wi
 
 # The commands the test suite runs besides Python (Chromium: the report's screenshot test; openssl:
 # the TLS tests; h2load: the peer benchmark), and python3-venv, without which `make setup` cannot make
-# .venv on Debian.
+# .venv on Debian, nor peers-setup the peers' environments: test and peers-setup install them first.
 setup-system:  ## install the system packages the tests need (chromium, openssl, nghttp2-client, python3-venv) when missing
 	@missing=; \
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing="$$missing chromium"; \

@@ -187,6 +187,24 @@ def test_a_variable_the_benchmarks_refuse_is_named_by_make():
     assert "EDGEDISTILL_WORKERS would do nothing: a measurement sets its servers'" in stderr
 
 
+def make_without_export(tmp_path, goal: str) -> subprocess.CompletedProcess:
+    """`make -n GOAL` on the smoke recipe with no `export` section."""
+    recipe = tmp_path / "without-export.yaml"
+    recipe.write_text(f"extends: {ROOT / 'recipes' / 'smoke.yaml'}\nexport: null\n")
+    command = ["make", "-n", "--no-print-directory", goal, f"RECIPE={recipe}"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("goal", ["all", "bundles", "serve-bench"])
+def test_a_recipe_without_export_stops_make_before_any_stage(tmp_path, goal):
+    assert make_without_export(tmp_path, goal).stdout == ""
+
+
+def test_a_recipe_without_export_is_refused_by_make_as_by_edgedistill_all(tmp_path):
+    refusal = make_without_export(tmp_path, "all").stderr
+    assert "edgedistill all needs the sections transfer, distill and export" in refusal
+
+
 def test_tls_for_the_measured_servers_stops_make_serve_bench_naming_it():
     stderr = make_with_environ("serve-bench", EDGEDISTILL_TLS_CERT="/etc/ssl/server.pem").stderr
     assert "EDGEDISTILL_TLS_CERT: a measurement calls its servers over plaintext loopback" in stderr
@@ -283,6 +301,10 @@ def test_a_variable_in_lower_case_stops_make():
 
 def test_a_variable_in_lower_case_names_the_one_meant():
     assert "unknown variable recipe: did you mean RECIPE?" in make_refusal("recipe=recipes/smoke.yaml").stderr
+
+
+def test_the_base_images_refresh_in_lower_case_names_the_one_meant():
+    assert "unknown variable refresh: did you mean REFRESH?" in make_refusal("refresh=1").stderr
 
 
 def test_a_bake_value_other_than_1_stops_make():
@@ -501,6 +523,15 @@ def test_setup_without_python3_venv_names_it(checkout, no_ensurepip):
     assert "without python3-venv" in setup_of_a_venv_without_pip(checkout, no_ensurepip).stderr
 
 
+def test_make_peers_setup_without_python3_venv_installs_it_first(checkout, no_ensurepip):
+    # no apt-get on PATH: setup-system names the install command rather than run it
+    (checkout / ".venv" / "bin" / "python").unlink()
+    command = ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(checkout), "peers-setup"]
+    env = os.environ | {"PATH": path_without(checkout, "apt-get")}
+    result = subprocess.run([*command, f"PYTHON={no_ensurepip}"], env=env, capture_output=True, text=True, timeout=120)
+    assert re.search(r"apt-get install -y --no-install-recommends[\w -]* python3-venv", result.stderr)
+
+
 def setup_with_stub_pip(checkout, failing: str = "''") -> tuple[subprocess.CompletedProcess, list[str]]:
     """`make setup` in `checkout`, whose Python (a stub) succeeds at every command (pip finds any package installed)
     but those matching the shell pattern `failing` (by default none); its result and the pip commands it was given."""
@@ -638,6 +669,24 @@ def test_runs_dir_on_the_command_line_wins_over_both_names_in_the_environment():
     command = ["make", "-n", "--no-print-directory", "serve", "RECIPE=recipes/smoke.yaml", "RUNS_DIR=given"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "--bundle given/smoke/" in result.stdout
+
+
+def make_at_home(home: Path, *args: str, **environ: str) -> subprocess.CompletedProcess:
+    """`make ARGS` on the smoke recipe with HOME at `home` and `environ` exported."""
+    command = ["make", "--no-print-directory", *args, "RECIPE=recipes/smoke.yaml"]
+    env = os.environ | {"HOME": str(home)} | environ
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_make_clean_removes_the_run_folder_under_a_runs_dir_given_from_the_home_folder(tmp_path):
+    (tmp_path / "runs" / "smoke").mkdir(parents=True)
+    make_at_home(tmp_path, "clean", "CONFIRM=1", EDGEDISTILL_RUNS_DIR="~/runs")
+    assert not (tmp_path / "runs" / "smoke").exists()
+
+
+def test_make_gpu_check_times_its_stages_under_a_runs_dir_given_from_the_home_folder(tmp_path):
+    planned = make_at_home(tmp_path, "-n", "gpu-check", "RUNS_DIR=~/runs").stdout
+    assert f'> "{tmp_path}/runs/gpu-check/timing.json"' in planned
 
 
 def test_a_value_of_several_words_passes(tmp_path):
