@@ -108,11 +108,12 @@ def vocab_replacer(vocabulary: Iterable[str]) -> Replacer:
 # A sentence ends after . ! ? (and the Arabic question mark and full stop, the Devanagari danda) and a space, not before
 # another stop; after the full-width 。！？ of Chinese and Japanese, which no space need follow. The closing quotes and
 # brackets after a stop end its sentence: attached (`."`, `。」`) or, as `ptb_lower` writes them, tokens of their own
-# (`. ''`), so none starts the next. Closers attached come first and each later run after a space: one way to read a
-# run, where `(?: ?C+)*` would try every split of it.
+# (`. ''`), so none starts the next; where they are attached and a lower-case word follows, the quote was a part of its
+# sentence (`"Well done!" said Emma.`), which goes on. Closers attached come first and each later run after a space:
+# one way to read a run, where `(?: ?C+)*` would try every split of it.
 _STOP, _FULL_STOP, _CLOSE = "[.!?؟۔।]", "[。！？]", "[\"')\\]」』”’]"
 _SENTENCE_END = re.compile(
-    rf"(?<={_STOP}){_CLOSE}*(?: {_CLOSE}+)* (?!{_STOP}|{_CLOSE}+(?: |$))"
+    rf"(?<={_STOP})(?:{_CLOSE}+(?: {_CLOSE}+)* (?![a-zß-ÿ])|(?: {_CLOSE}+)* )(?!{_STOP}|{_CLOSE}+(?: |$))"
     rf"|(?<={_FULL_STOP}){_CLOSE}* ?(?!{_FULL_STOP}|{_CLOSE})"
 )
 _WORD = re.compile(r"\w")

@@ -231,6 +231,11 @@ def test_a_closing_quote_or_bracket_after_a_sentence_end_stays_with_its_sentence
     assert split_sentences(raw, style) == sentences
 
 
+def test_a_quote_ending_in_a_stop_before_a_lower_case_word_stays_in_its_sentence():
+    raw = '"Well done, Mrs. Martin!" thought Emma. She smiled at him.'
+    assert split_sentences(raw, "raw") == ['"Well done, Mrs. Martin!" thought Emma.', "She smiled at him."]
+
+
 def test_an_apostrophe_opening_the_next_sentence_starts_it():
     assert split_sentences("I liked it. 'Twas a fine film.", "raw") == ["I liked it.", "'Twas a fine film."]
 
