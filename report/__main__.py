@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m report") -> int:
     from edgedistill.report.render import stage  # matplotlib: run_module names the extra of a missing one
 
     try:
-        stage(load_command_recipe(args.recipe, parse_overrides(rest), "report", prog)).run(args.force)
+        stage(load_command_recipe(args.recipe, parse_overrides(rest), "report", prog), rest).run(args.force)
     except (RecipeError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -6,6 +6,8 @@ Every section names the manifests it was drawn from; sections whose stage has no
 import base64
 import html
 import re
+from collections.abc import Sequence
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 
@@ -122,16 +124,22 @@ RECIPE = "RECIPE.yaml"  # the report is an artifact of the recipe's contents: wh
 RECIPE_NOTE = (
     f"{RECIPE} stands for the run's recipe file, followed by the overrides `edgedistill report` was given "
     "(`--section.key=value`), if any, in each command that reads their section (`edgedistill COMMAND --help` names "
-    "them); make takes no overrides, so its command lines are of the recipe file alone"
+    "them); make takes none, so a report given some names no make command"
 )
 
 
-def _rerun(targets: tuple[plan.Target, ...]) -> list[str]:
-    """The cells of `RERUN` for `targets`: the edgedistill commands, and the make command line in a checkout."""
-    return [plan.command_line(targets, RECIPE), plan.make_line(targets, RECIPE)]
+def _rerun(targets: tuple[plan.Target, ...], overrides: Sequence[str]) -> list[str]:
+    """The cells of `RERUN` for `targets`: the edgedistill commands, and how in a checkout (`_in_checkout`)."""
+    return [plan.command_line(targets, RECIPE), _in_checkout(targets, overrides)]
 
 
-def _missing(page: Page, root: Path, recipe: Recipe) -> None:
+def _in_checkout(targets: tuple[plan.Target, ...], overrides: Sequence[str]) -> str:
+    """The make command line that runs `targets` in a checkout; none for a report given recipe `overrides`, which make
+    passes to no target, whose prerequisites would build again without them."""
+    return "none: make takes no recipe overrides" if overrides else plan.make_line(targets, RECIPE)
+
+
+def _missing(page: Page, root: Path, recipe: Recipe, overrides: Sequence[str] = ()) -> None:
     finished = {p.name for p in root.iterdir() if _finished(p)}
     absent = plan.missing(recipe, finished)
     if absent:
@@ -140,7 +148,7 @@ def _missing(page: Page, root: Path, recipe: Recipe) -> None:
             "Stages of edgedistill all (make all in a checkout) with no finished artifact in this run: not run yet, "
             f"failed, or not buildable on the machine that ran it (a GPU bundle on a CPU machine). {RECIPE_NOTE}."
         )
-        page.table(["stage", *RERUN], [[name, *_rerun((target,))] for name, target in absent.items()])
+        page.table(["stage", *RERUN], [[name, *_rerun((target,), overrides)] for name, target in absent.items()])
         if here := [[name, why] for name in absent if (why := plan.not_buildable_here(recipe, name))]:
             page.note(
                 "Of these, this machine cannot build or measure the following (the commands above leave them out):"
@@ -162,7 +170,7 @@ def _unkeyed(page: Page, root: Path) -> None:
         page.table(["folder"], [[name] for name in older])
 
 
-def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale], overrides: Sequence[str] = ()) -> None:
     """Models built with other settings than the recipe's and measurements taken before what they measured was built
     again (`stale`): named, not shown as current."""
     if stale:
@@ -182,7 +190,7 @@ def _stale(page: Page, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
         )
         page.table(
             ["not shown", "why", *RERUN],
-            [[name, left_out.why, *_rerun(left_out.targets)] for name, left_out in stale.items()],
+            [[name, left_out.why, *_rerun(left_out.targets, overrides)] for name, left_out in stale.items()],
         )
 
 
@@ -220,7 +228,9 @@ def _distill_table(page: Page, rows: list[dict], root: Path, recipe: Recipe) -> 
     page.table(columns, [[r[c] for c in columns] for r in rows])
 
 
-def _distillation(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale]) -> None:
+def _distillation(
+    page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Stale], overrides: Sequence[str] = ()
+) -> None:
     """The distillation table, unless it is not of the artifacts now in the run or shows a model `stale` names
     (built with other settings than the recipe's now); the transfer set's composition."""
     if (rows := summary.load(root)) is not None:
@@ -230,8 +240,8 @@ def _distillation(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.
             page.note(
                 f"Not shown: the table the last distill stage wrote ({summary.FILE}) is not of the artifacts now "
                 f"in the run and the recipe's settings ({change}). {plan.command_line(plan.DISTILL, RECIPE)} "
-                f"builds the students out of date again and writes it again ({plan.make_line(plan.DISTILL, RECIPE)} "
-                f"in a checkout; {RECIPE_NOTE})."
+                f"builds the students out of date again and writes it again (in a checkout: "
+                f"{_in_checkout(plan.DISTILL, overrides)}; {RECIPE_NOTE})."
             )
         else:
             _distill_table(page, rows, root, recipe)
@@ -331,7 +341,7 @@ def _pareto_label(model: str, cell: Cell) -> str:
     return f"{model} ({cell.timed_length} tokens)" if cell.cut else model
 
 
-def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
+def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale], overrides: Sequence[str] = ()) -> None:
     """The model benchmark's table and accuracy-latency figure, without the rows `stale` names."""
     if not _finished(root / "bench"):
         return
@@ -352,7 +362,8 @@ def _benchmark(page: Page, root: Path, stale: dict[str, plan.Stale]) -> None:
     if note := cut_note(rows):
         page.note(note)
     info = mf.load(root / "bench", verify=False).info
-    again = plan.rerun((plan.Target("bundles"), plan.Target("bench")), RECIPE)
+    targets = (plan.Target("bundles"), plan.Target("bench"))
+    again = f"{plan.command_line(targets, RECIPE)}; in a checkout: {_in_checkout(targets, overrides)}"
     not_built = {b: f"not built when the benchmark ran ({again}; {RECIPE_NOTE})" for b in info["missing_bundles"]}
     if left_out := info["left_out"] | not_built:
         page.table(["not timed on this machine", "why"], [[b, why] for b, why in left_out.items()])
@@ -470,29 +481,29 @@ def _loadtests(page: Page, root: Path, recipe: Recipe, stale: dict[str, plan.Sta
         )
 
 
-def stage(recipe: Recipe) -> Stage:
+def stage(recipe: Recipe, overrides: Sequence[str] = ()) -> Stage:
     """`runs/<recipe>/report/` (index.html, report.md, figures/) from every finished artifact of the run, which
     are its parents: it is current until one of them changes, a new one appears, the distillation table is written
     again (`common.summary`), the recipe sections it reads change (`export.deploy` names the bundle whose measurements
     it shows), or another release of edgedistill (which may draw other sections) runs it."""
     parents = tuple(Artifact(p.name, p) for p in finished_stages(recipe))
     extra = {"edgedistill": metadata.version("edgedistill"), summary.FILE: summary.sha256(run_dir(recipe))}
-    return Stage("report", recipe, sections.TRAINED, _build, parents, extra=extra)
+    return Stage("report", recipe, sections.TRAINED, partial(_build, overrides=tuple(overrides)), parents, extra=extra)
 
 
-def _build(inputs: Inputs) -> Built:
+def _build(inputs: Inputs, overrides: tuple[str, ...]) -> Built:
     root = run_dir(inputs.recipe)
     page = Page(f"edgedistill report: {inputs.recipe.name}")
     # of other settings or an earlier build: named once, left out of each section
     stale = plan.stale(inputs.recipe, root)
     _stages(page, root, inputs.recipe, stale)
-    _missing(page, root, inputs.recipe)
+    _missing(page, root, inputs.recipe, overrides)
     _unkeyed(page, root)
-    _stale(page, inputs.recipe, stale)
+    _stale(page, inputs.recipe, stale, overrides)
     _curves(page, root, inputs.recipe, stale)
-    _distillation(page, root, inputs.recipe, stale)
+    _distillation(page, root, inputs.recipe, stale, overrides)
     _per_class(page, root, inputs.recipe, stale)
-    _benchmark(page, root, stale)
+    _benchmark(page, root, stale, overrides)
     _cascade_section(page, root, stale)
     _serving(page, root, inputs.recipe, stale)
     _loadtests(page, root, inputs.recipe, stale)

@@ -272,6 +272,21 @@ def test_a_report_says_its_commands_take_the_overrides_it_was_given_after_the_re
     ) in missing_markdown(tmp_path)
 
 
+def test_a_report_given_recipe_overrides_names_no_make_command_which_would_drop_them(tmp_path):
+    with mf.stage_folder(tmp_path / "teacher") as tmp:
+        mf.commit(
+            tmp, tmp_path / "teacher", mf.Manifest(stage="teacher", recipe="smoke", recipe_hash="h", config_hash="h")
+        )
+    page = render.Page("report")
+    render._missing(
+        page, tmp_path, load_recipe(ROOT / "recipes" / "smoke.yaml"), ["--distill.students.bilstm.optim.lr=1e-3"]
+    )
+    assert (
+        "| student-bilstm | edgedistill distill RECIPE.yaml --jobs 2 | none: make takes no recipe overrides |"
+        in "\n".join(page.md)
+    )
+
+
 def test_a_report_of_the_teacher_alone_names_the_deployed_bundles_absent_load_test(tmp_path):
     assert (
         "| loadtest-smoke-bilstm-int8 | edgedistill loadtest RECIPE.yaml --profile smoke "
