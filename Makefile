@@ -163,20 +163,22 @@ bench: bundles  ## teacher PyTorch eager vs every bundle, batch x length, one ru
 # that does not load prints its error (one line), and then make stops where it needs the deployed bundle, and clean at
 # once (the fallback, the file's name, is none for RECIPE= or a folder, and RUN would be every run). It reads the
 # recipe as the targets' commands do, with EDGEDISTILL_RUNS_DIR set (make before 4.4 exports none to $(shell)), so
-# a RUNS_DIR given in the environment is not read as that variable's old name.
-RECIPE_INFO = $(eval RECIPE_INFO := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe('$(RECIPE)'); print(r.name, r.export.deploy if r.export else '')"))$(RECIPE_INFO)
+# a RUNS_DIR given in the environment is not read as that variable's old name. Given a word after the recipe, it
+# also refuses a recipe without a section `edgedistill all` needs (`refuse_missing_sections`).
+READ_RECIPE = EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: sys.exit(f'{kind.__name__}: {err}'); from edgedistill.common.recipe import load_recipe; r = load_recipe(sys.argv[1]); sys.argv[2:] and __import__('edgedistill.cli').cli.refuse_missing_sections(sys.argv[1], []); print(r.name, r.export.deploy if r.export else '')" '$(RECIPE)'
+RECIPE_INFO = $(eval RECIPE_INFO := $(shell $(READ_RECIPE)))$(RECIPE_INFO)
 RUN = $(RUNS_DIR)/$(or $(word 1,$(RECIPE_INFO)),$(basename $(notdir $(RECIPE))))
 DEPLOY = $(word 2,$(RECIPE_INFO))
 # BUNDLE and PORT take the server's own EDGEDISTILL_BUNDLE and EDGEDISTILL_PORT where set (a goal that measures refuses
 # those, above; a service link is none), so make serve and make call honour them rather than override them by flags.
 BUNDLE ?= $(or $(EDGEDISTILL_BUNDLE),$(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>)))
 # A goal that builds the bundles trains first, and needs the recipe's transfer, distill and export sections: one it
-# lacks (or a recipe that does not load) stops make at once, as it stops `edgedistill all`, not after the training.
-# Before make setup nothing reads the recipe here, and the stages refuse it in turn.
+# lacks (or a recipe that does not load) stops make at once, as it stops `edgedistill all`, not after the training,
+# in the one read of the recipe. Before make setup nothing reads the recipe here, and the stages refuse it in turn.
 BUILDING_BUNDLES := all bundles bench triton-repo serve-bench serve-accuracy serve-cascade peers-bench scaling-bench
-ifneq ($(and $(filter $(BUILDING_BUNDLES),$(MAKECMDGOALS)),$(wildcard $(PY))),)
-MISSING_SECTIONS := $(shell EDGEDISTILL_RUNS_DIR='$(RUNS_DIR)' $(PY) -c "import sys; sys.excepthook = lambda kind, err, tb: print(err) if issubclass(kind, ValueError) else sys.__excepthook__(kind, err, tb); from edgedistill.cli import refuse_missing_sections; refuse_missing_sections(sys.argv[1], [])" '$(RECIPE)')
-$(if $(MISSING_SECTIONS),$(error $(MISSING_SECTIONS)))
+ifneq ($(and $(filter $(BUILDING_BUNDLES),$(MAKECMDGOALS)),$(wildcard $(STAMP))),)
+RECIPE_INFO := $(shell $(READ_RECIPE) all)
+$(if $(RECIPE_INFO),,$(error make $(filter $(BUILDING_BUNDLES),$(MAKECMDGOALS)) cannot build $(RECIPE): the error above says why))
 endif
 triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
 	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
