@@ -282,15 +282,16 @@ class DynamicBatcher:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout)
             except TimeoutError:
                 self._task.cancel()
-                self._fail_all(
-                    BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)"),
-                    DropReason.CLOSED,
-                )
-                log.warning(
-                    "the batcher did not finish its queue within %.1f s; its requests failed",
-                    timeout,
-                    extra={"event": "batcher_close_timeout"},
-                )
+                if self._pending or self._running:  # else it was idle, only not yet woken to return (a limit of 0)
+                    self._fail_all(
+                        BatcherClosed(f"the model was closed before this request finished ({timeout:g} s limit)"),
+                        DropReason.CLOSED,
+                    )
+                    log.warning(
+                        "the batcher did not finish its queue within %.1f s; its requests failed",
+                        timeout,
+                        extra={"event": "batcher_close_timeout"},
+                    )
         # never join the worker thread here: on the event loop, a backend call hung in it (one that ran past
         # `batch_timeout` while the queue finished, or past `timeout`) would block every coroutine
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -464,36 +465,42 @@ class DynamicBatcher:
                 if not self._pending:
                     break
             self._expire(loop.time())
-            batch = self._take()
-            if batch:
+            if batch := self._take():
                 await self._run(batch)
+            else:  # only cancelled requests are queued: a step lets their tasks drop them
+                await asyncio.sleep(0)
 
     def _take(self) -> list[_Row]:
-        """Up to `max_batch_size` rows: all if they fit, else the window of similar lengths holding the oldest."""
-        queued = [row for rows in self._pending.values() for row in rows]
-        if len(queued) <= self.max_batch_size:
-            batch, self._pending = queued, {}
-        else:
-            size = self.max_batch_size
-            order = sorted(range(len(queued)), key=lambda i: (queued[i].length, i))
-            anchor = order.index(0)
-            lengths = [queued[i].length for i in order]
-            prefix = np.concatenate([[0], np.cumsum(lengths)])
-            first = max(0, anchor - size + 1)
-            last = min(anchor, len(order) - size)
-            # padding cost of window [s, s + size): size * longest - sum of lengths
-            start = min(
-                range(first, last + 1), key=lambda s: size * lengths[s + size - 1] - (prefix[s + size] - prefix[s])
-            )
-            chosen = set(order[start : start + size])
-            batch = [row for i, row in enumerate(queued) if i in chosen]
+        """Up to `max_batch_size` rows: all if they fit, else the window of similar lengths holding the oldest. A
+        request cancelled since it queued is left out, its rows queued for its own task to drop, for its reason."""
+        queued = [row for request, rows in self._pending.items() if not request.future.done() for row in rows]
+        batch = queued if len(queued) <= self.max_batch_size else self._window(queued)
+        if len(batch) == self._queued:
             self._pending = {}
-            for i, row in enumerate(queued):
-                if i not in chosen:
-                    self._pending.setdefault(row.request, []).append(row)
+        else:
+            taken = set(batch)
+            self._pending = {
+                request: left
+                for request, rows in self._pending.items()
+                if (left := [row for row in rows if row not in taken])
+            }
         self._queued -= len(batch)
         self.observer.queue_depth(self._queued)
         return batch
+
+    def _window(self, queued: list[_Row]) -> list[_Row]:
+        """The `max_batch_size` of `queued` rows (oldest first) of least padding that hold the oldest, in their order."""
+        size = self.max_batch_size
+        order = sorted(range(len(queued)), key=lambda i: (queued[i].length, i))
+        anchor = order.index(0)
+        lengths = [queued[i].length for i in order]
+        prefix = np.concatenate([[0], np.cumsum(lengths)])
+        first = max(0, anchor - size + 1)
+        last = min(anchor, len(order) - size)
+        # padding cost of window [s, s + size): size * longest - sum of lengths
+        start = min(range(first, last + 1), key=lambda s: size * lengths[s + size - 1] - (prefix[s + size] - prefix[s]))
+        chosen = set(order[start : start + size])
+        return [row for i, row in enumerate(queued) if i in chosen]
 
     async def _run(self, batch: list[_Row]) -> None:
         loop = asyncio.get_running_loop()

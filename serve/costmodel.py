@@ -10,6 +10,7 @@ request at light load skips the queue too (`runs_inline`). Pure: numbers in, num
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import NamedTuple
 
 import numpy as np
@@ -30,8 +31,9 @@ def _terms(rows: int, longest: int) -> tuple[float, float, float]:
     return 1.0, rows * longest, rows * longest * longest
 
 
-# Subsets of the terms tried by `BackendCost.fit`, the fullest first: the best fit with no negative coefficient wins.
-_TERM_SUBSETS = ((0, 1, 2), (0, 1), (1, 2), (0, 2), (1,), (2,))
+# Every non-empty subset of the terms, the fullest first: `BackendCost.fit` takes the best with no negative coefficient,
+# which is the non-negative least-squares fit (that fit is the plain one over the terms it leaves above zero).
+_TERM_SUBSETS = tuple(subset for size in (3, 2, 1) for subset in combinations(range(3), size))
 
 
 @dataclass

@@ -269,6 +269,35 @@ def test_cancelled_request_is_dropped_before_the_batch_runs():
     assert observer.dropped == [(2, DropReason.CANCELLED)]
 
 
+def cancelled_as_its_batch_is_taken() -> tuple[list[int], list[tuple[int, DropReason]]]:
+    """The rows the backend ran, and the drops counted, when of two queued one-row requests the second is cancelled in
+    the step in which the batcher takes it (its batch of one after the first's, run on the event loop)."""
+    backend, observer, clients = FakeBackend(), Recorder(), []
+
+    def cancels_the_second_client(inputs):  # on the event loop: the batcher takes its next batch in this step
+        clients[1].cancel()
+        return backend(inputs)
+
+    async def main():
+        b = batcher(cancels_the_second_client, max_batch_size=1, max_delay=0.01, inline_max=1.0, observer=observer)
+        b.calibrate([(1, 1, 1e-6), (4, 8, 2e-6)])  # quick: batches run on the event loop
+        b.start()
+        clients.extend(asyncio.ensure_future(b.submit([row(n)])) for n in (1, 2))
+        await asyncio.gather(*clients, return_exceptions=True)
+        await b.close()
+
+    asyncio.run(main())
+    return backend.seen, observer.dropped
+
+
+def test_a_request_cancelled_in_the_step_its_batch_is_taken_does_not_run():
+    assert cancelled_as_its_batch_is_taken()[0] == [1]
+
+
+def test_a_request_cancelled_in_the_step_its_batch_is_taken_is_counted_as_cancelled():
+    assert cancelled_as_its_batch_is_taken()[1] == [(1, DropReason.CANCELLED)]
+
+
 def test_rows_a_shutdown_cuts_once_its_grace_ran_out_are_dropped_as_closed_not_cancelled():
     gate = threading.Event()
     backend, observer = FakeBackend(gate=gate), Recorder()
@@ -475,6 +504,36 @@ def test_close_finishes_queued_work_and_refuses_new():
     result, closing = asyncio.run(main())
     assert result.outputs["sum"].tolist() == [8.0]
     assert closing < 5, "close flushes at once instead of waiting for the delay"
+
+
+def closed_at_once(caplog, queued: bool) -> tuple[list[BaseException | BatchResult], list[str]]:
+    """What `close(0)` of a started batcher leaves its requests (one of one row, waiting for a batch, when `queued`),
+    and the events it logged."""
+
+    async def main():
+        b = batcher(FakeBackend(), max_delay=10.0)
+        b.start()
+        requests = [asyncio.ensure_future(b.submit([row(1)]))] if queued else []
+        await asyncio.sleep(0.01)
+        await b.close(0)
+        return await asyncio.gather(*requests, return_exceptions=True)
+
+    with caplog.at_level("WARNING", logger="edgedistill.serve.batching"):
+        results = asyncio.run(main())
+    return results, [getattr(record, "event", None) for record in caplog.records]
+
+
+def test_closing_an_idle_batcher_at_once_logs_nothing(caplog):
+    assert closed_at_once(caplog, queued=False)[1] == []
+
+
+def test_closing_a_batcher_at_once_fails_its_queued_requests(caplog):
+    (result,), _ = closed_at_once(caplog, queued=True)
+    assert isinstance(result, BatcherClosed)
+
+
+def test_closing_a_batcher_at_once_warns_that_its_queued_requests_failed(caplog):
+    assert closed_at_once(caplog, queued=True)[1] == ["batcher_close_timeout"]
 
 
 def test_a_retired_batcher_leaves_the_shared_queue_depth_to_the_batcher_that_replaced_it():

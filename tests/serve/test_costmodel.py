@@ -4,10 +4,12 @@ import math
 
 import pytest
 from edgedistill.serve.costmodel import INLINE_TOKENIZE_CHARS, BackendCost, Load, Timing, group_shapes, runs_inline
+from edgedistill.serve.settings import Settings
 from hypothesis import given
 from hypothesis import strategies as st
 
 LIGHT = Load(max_delay=0.0, queued=0, busy=False, idle_for=math.inf)
+SERVER_INLINE_MAX = Settings.model_fields["inline_infer_ms"].default / 1000
 
 
 @pytest.mark.parametrize("attention", [0.0, 2e-7])
@@ -28,12 +30,26 @@ def test_backend_cost_fit_refuses_timings_that_are_not_finite(seconds):
         BackendCost.fit([(1, 8, 1e-3), (1, 32, seconds)])
 
 
-def test_backend_cost_fit_has_no_negative_terms():
-    # longer calls that took less time: no overhead or attention term can explain it, all of it counts per token
+def test_backend_cost_fit_is_the_least_error_with_no_negative_terms():
+    # longer calls that took less time: no term growing with the length can explain it without going below zero
     cost = BackendCost.fit([(1, 10, 2e-3), (1, 20, 1e-3), (1, 40, 1e-3)])
-    assert cost.overhead == 0.0
-    assert cost.per_token_length == 0.0
-    assert cost.per_token > 0
+    assert (cost.per_token, cost.per_token_length) == (0.0, 0.0)
+    assert cost.overhead == pytest.approx(1 / 900), "the c least in (c / 2e-3 - 1)**2 + 2 * (c / 1e-3 - 1)**2"
+
+
+def launch_bound_timings() -> list[Timing]:
+    """Warm-up timings of a backend whose calls take 3 ms at every shape (a small model on a GPU), within 1 %."""
+    shapes = [(rows, longest) for longest in (1, 64, 128) for rows in (1, 32) for _ in range(3)]
+    return [Timing(rows, longest, 3e-3 * (0.99 if i % 2 else 1.01)) for i, (rows, longest) in enumerate(shapes)]
+
+
+def test_backend_cost_fit_of_calls_flat_in_their_shape_is_a_per_call_cost():
+    assert BackendCost.fit(launch_bound_timings()).overhead == pytest.approx(3e-3, rel=0.01)
+
+
+def test_a_call_of_a_launch_bound_backend_is_not_run_inline():
+    cost = BackendCost.fit(launch_bound_timings())
+    assert not runs_inline(cost.seconds([(1, 16)]), SERVER_INLINE_MAX, LIGHT)
 
 
 def test_backend_cost_scale_follows_measured_times_without_changing_the_split():
