@@ -13,14 +13,16 @@ from edgedistill.serve.settings import SettingsError
 M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
 DEFAULT_ARENAS = 2
 GLIBC_ARENA_TUNABLE = "glibc.malloc.arena_max"  # in GLIBC_TUNABLES, `name=value` items separated by colons
-# a limit glibc reads as written: decimal digits, no leading zero (glibc reads `010` as octal, and refuses `08`)
+# a limit written so that glibc reads it as people do: decimal digits, no leading zero (glibc reads `010` as 8, and
+# ignores `08`); other spellings glibc takes (`0x2`, ` 2`) are refused too, as one that reads otherwise would be
 GLIBC_ARENA_LIMIT = re.compile(r"[1-9][0-9]*")
 SIZE_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1  # above it, glibc refuses the limit
 
 
 def glibc_limit_set() -> bool:
     """Whether glibc's own settings limit its arenas: MALLOC_ARENA_MAX, or its tunable in GLIBC_TUNABLES.
-    `SettingsError` for a value glibc would ignore (empty, 0, not a number), keeping its default of 8 per core."""
+    `SettingsError` for a value not written as a positive decimal number: glibc ignores an empty, zero or
+    non-numeric one, keeping its default of 8 per core, and reads some others otherwise than they look."""
     given = [("MALLOC_ARENA_MAX", os.environ["MALLOC_ARENA_MAX"])] if "MALLOC_ARENA_MAX" in os.environ else []
     for item in os.environ.get("GLIBC_TUNABLES", "").split(":"):
         name, _, value = item.partition("=")
@@ -29,9 +31,10 @@ def glibc_limit_set() -> bool:
     for where, value in given:
         if not (GLIBC_ARENA_LIMIT.fullmatch(value) and int(value) <= SIZE_MAX):
             raise SettingsError(
-                f"{where} is {value!r}: set a positive whole number (e.g. 4), as glibc ignores an empty, zero or "
-                "non-numeric limit and keeps its default of 8 malloc arenas per core, or unset it for the server's "
-                f"own limit, EDGEDISTILL_MALLOC_ARENAS ({DEFAULT_ARENAS} unless set)"
+                f"{where} is {value!r}: write a positive whole number in decimal (e.g. 4), as glibc ignores an "
+                "empty, zero or non-numeric limit and keeps its default of 8 malloc arenas per core, and reads others "
+                "otherwise than they look (010 as 8); or unset it for the server's own limit, "
+                f"EDGEDISTILL_MALLOC_ARENAS ({DEFAULT_ARENAS} unless set)"
             )
     return bool(given)
 
@@ -40,7 +43,8 @@ def limit_arenas(count: int | None) -> int | None:
     """Let glibc's malloc use at most `count` arenas from now on (None: DEFAULT_ARENAS where the C library is glibc
     and glibc's own settings set no limit, `glibc_limit_set`; 0: glibc's default); the limit set, or None. Must run
     before the threads start that would take arenas of their own. Raises OSError for a count where the C library is
-    not glibc, and `SettingsError` for a glibc setting that glibc would ignore, where `count` is None."""
+    not glibc, and `SettingsError` for a glibc setting not written as a positive decimal number, where `count` is
+    None."""
     if count == 0:
         return None
     if platform.libc_ver()[0] != "glibc":

@@ -183,7 +183,7 @@ class Settings(BaseModel):
         description="most glibc malloc arenas (M_ARENA_MAX): more keep freed memory per thread, so floods of "
         "traffic raise the server's memory further; unset: 2 where the C library is glibc, unless glibc's own "
         "MALLOC_ARENA_MAX or GLIBC_TUNABLES glibc.malloc.arena_max sets the limit, which is left to them (a value of "
-        "theirs that glibc ignores, empty, 0 or not a number, is refused at start); 0: glibc's default (8 per core); "
+        "theirs not written as a positive decimal number, which glibc ignores or reads otherwise, is refused at start); 0: glibc's default (8 per core); "
         "other values need glibc",
     )
     spin: bool = Field(
