@@ -40,6 +40,7 @@ from edgedistill.common.config.training import (
     RuntimeConfig,
     StudentConfig,
     TransferConfig,
+    quoted,
     yaml_word,
 )
 from edgedistill.common.names import did_you_mean, first_of
@@ -363,7 +364,20 @@ class _Replace(dict):
 class _Loader(yaml.SafeLoader):
     """Safe YAML plus the `!replace` tag, refusing a key written twice in one mapping (YAML keeps the last)."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+    def __init__(self, stream):
+        super().__init__(stream)
+        # the mappings whose own keys were checked, before a merge (`<<: *a`) added the anchor's beside them
+        self._checked: set[yaml.Node] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # a mapping is flattened where it is built, and an anchored one also where a merge key names it, perhaps
+        # first: its own keys are checked once, before the merged ones sit beside them
+        if node not in self._checked:
+            self._checked.add(node)
+            self._refuse_repeated_keys(node)
+        super().flatten_mapping(node)
+
+    def _refuse_repeated_keys(self, node: yaml.MappingNode) -> None:
         lines = {}  # key -> the line it is first written on
         for key_node, _ in node.value:
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
@@ -378,7 +392,6 @@ class _Loader(yaml.SafeLoader):
                     key_node.start_mark,
                 )
             lines[key] = key_node.start_mark.line
-        return super().construct_mapping(node, deep)
 
 
 _OCTAL = re.compile(r"[-+]?0[0-7_]+")  # YAML 1.1 reads 010 as 8
@@ -442,9 +455,8 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
     def sub(match):
         if match.group(1).startswith(settings.ENV_PREFIX) and match.group(1) not in settings.PIPELINE:
             raise RecipeError(
-                f"{where}: ${{{match.group(1)}}}: {settings.ENV_PREFIX}* names are edgedistill's own settings, and the "
-                f"server (and so every serving stage) refuses at start one it does not know: name the variable "
-                f"without that prefix"
+                f"{where}: ${{{match.group(1)}}}: {settings.ENV_PREFIX}* names are edgedistill's own settings, and "
+                f"{_why_not_in_a_recipe(match.group(1))}: name the variable without that prefix"
             )
         if match.group(1) not in variables:
             raise RecipeError(
@@ -466,6 +478,22 @@ def _localize(value, variables: dict[str, str], folder: Path | None, where: str)
         )
     value = settings.under_home(_VAR.sub(sub, value))
     return str((folder / value).resolve()) if folder is not None and value.startswith(settings.RELATIVE) else value
+
+
+def _why_not_in_a_recipe(name: str) -> str:
+    """Why a recipe's `${name}` may not name an `EDGEDISTILL_*` variable other than a pipeline setting: a server
+    setting is read by the servers the measurements start, in this environment; the server refuses any other."""
+    if name not in settings.SERVER:
+        return "the server (and so every serving stage) refuses at start one it does not know"
+    if name.removeprefix(settings.ENV_PREFIX).lower() in settings.MEASURED_SETTINGS:
+        return (
+            f"{name} is a server setting, which the benchmarks and load tests set for their servers themselves, and "
+            "refuse in the environment"
+        )
+    return (
+        f"{name} is a server setting, which the servers started in this environment read (the benchmarks' and load "
+        "tests' among them), so a value set for the recipe would set theirs too"
+    )
 
 
 def apply_override(raw: dict, dotted: str, value, given: str = "") -> None:
@@ -516,8 +544,13 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
         if clash := next((other for other in given if _overlap(key, other)), None):
             raise RecipeError(_clash(given[clash], arg))
         given[key] = arg
+        if not value.strip():  # `--model.init=$CKPT` with CKPT unset: a null would build a model from scratch
+            raise RecipeError(
+                f"override --{key}={value and repr(value)} is empty (an unset shell variable?): give a value, or null "
+                f"to unset it (--{key}=null)"
+            )
         try:
-            out[key] = _scalar(key, value) if value else None
+            out[key] = _scalar(key, value)
         except yaml.YAMLError as err:
             problem = getattr(err, "problem", None) or err
             raise RecipeError(
@@ -551,6 +584,8 @@ def _quoting(args: list[str], index: int) -> str:
         return f"to give it as text, quote it: --{key}='\"{value}\"'"
     if pieces := list(itertools.takewhile(lambda arg: not arg.startswith("--"), args[index + 1 :])):
         return f"the shell split it at a space: quote the whole argument: '--{key}={' '.join([value, *pieces])}'"
+    if _variable_in_flow(value):
+        return f"{_FLOW_VARIABLE} (in YAML's quotes, within the shell's): '--{key}={_FLOW_EXAMPLE}'"
     whole = "{...}" if value.startswith("{") else "[...]"
     return f"quote the whole argument for the shell where it holds spaces: '--{key}={whole}'"
 
@@ -623,7 +658,7 @@ def _base_path(path: Path, name) -> Path:
         base = path.parent / name
     else:
         base = (path.parent / name) if (path.parent / name).is_file() else settings.find_recipe(name, path)
-    if base is None and "/" not in name and settings.find_recipe(name) is not None:  # this file alone has that name
+    if base is None and "/" not in name and _names_itself(path, name):
         raise RecipeError(
             f"{path}: extends {name}, which names this recipe itself (no other recipe of that name is found): give the "
             "base by its path, or this recipe another name"
@@ -638,6 +673,11 @@ def _base_path(path: Path, name) -> Path:
             f"absolute path, or the name of a recipe ({_known()})"
         )
     return base
+
+
+def _names_itself(path: Path, name: str) -> bool:
+    """Whether the bare `name` that `path` extends finds `path` alone: as a recipe's name, or as the file beside it."""
+    return settings.find_recipe(name) is not None or (path.parent / f"{name}.yaml").resolve() == path.resolve()
 
 
 def _known() -> str:
@@ -655,13 +695,28 @@ def _closest(path: Path) -> str:
     return did_you_mean(path.stem, settings.recipe_names())
 
 
+_FLOW_VARIABLE = "inside {...} or [...], quote a value that holds ${NAME}, whose { YAML reads as a mapping's"
+_FLOW_EXAMPLE = '["${EDGEDISTILL_DATA_DIR}/file.txt"]'
+_QUOTED = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^']|'')*'""")  # a YAML quoted scalar, which may hold `${` and brackets
+
+
+def _variable_in_flow(text: str) -> bool:
+    """Whether `text` (a recipe's line, an override's value) holds `${` unquoted inside `{...}` or `[...]`."""
+    bare = _QUOTED.sub('""', text)
+    for variable in re.finditer(r"\$\{", bare):
+        before = _VAR.sub("", bare[: variable.start()])  # the braces of a `${NAME}` open no mapping
+        if before.count("{") + before.count("[") > before.count("}") + before.count("]"):
+            return True
+    return False
+
+
 def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:
-    """A hint where the line YAML stopped at holds `${`: in `{...}` or `[...]`, YAML reads its `{` as a mapping."""
+    """A hint where the line YAML stopped at holds `${` unquoted inside `{...}` or `[...]` (`_FLOW_VARIABLE`)."""
     mark = getattr(err, "problem_mark", None)
     lines = text.splitlines()
-    if mark is None or mark.line >= len(lines) or "${" not in lines[mark.line]:
+    if mark is None or mark.line >= len(lines) or not _variable_in_flow(lines[mark.line]):
         return ""
-    return '\n(inside {...} or [...], quote a value that holds ${NAME}: ["${EDGEDISTILL_DATA_DIR}/file.txt"])'
+    return f"\n({_FLOW_VARIABLE}: {_FLOW_EXAMPLE})"
 
 
 def _settings_in(node: dict, prefix: str = "") -> list[str]:
@@ -1090,10 +1145,8 @@ def _read_as(value, key: str) -> str:
     kind = "boolean" if isinstance(value, bool) else "date" if isinstance(value, datetime.date) else "number"
     written = yaml_word(value) if isinstance(value, bool) else value.isoformat() if kind == "date" else value
     shown = written if kind == "date" else repr(value)
-    return (
-        f"{shown} is a {kind} to YAML, not text: {UNQUOTED}, and dates too; quote it as written, e.g. "
-        f'{key.rpartition(".")[2]}: "{written}" in a recipe, --{key}=\'"{written}"\' on the command line'
-    )
+    example = quoted(key, f'"{written}"')
+    return f"{shown} is a {kind} to YAML, not text: {UNQUOTED}, and dates too; quote it as written, e.g. {example}"
 
 
 def _unquoted_name(error: dict) -> bool:

@@ -42,6 +42,12 @@ def yaml_word(value: bool, likely: tuple[str, ...] = ()) -> str:
     return next((word for word in likely if any(word == case(known) for known in words for case in cased)), words[1])
 
 
+def quoted(key: str, written: str) -> str:
+    """How to give the dotted `key` the YAML `written` (quoted text, or a list of it), in a recipe and on the command
+    line, where the shell would drop the quotes of `--key="yes"`."""
+    return f"{key.rpartition('.')[2]}: {written} in a recipe, --{key}='{written}' on the command line"
+
+
 class DataConfig(Strict):
     """Labelled task data: a local TSV/CSV/JSONL file or `hub:<dataset>[@<config>]:<split>`."""
 
@@ -87,7 +93,8 @@ class DataConfig(Strict):
         unquoted = [name for name in names if not isinstance(name, str)] if isinstance(names, list) else []
         if unquoted:
             raise ValueError(
-                f'data.label_names: {unquoted} are not names: {UNQUOTED}; quote them, e.g. ["no", "yes"] or ["1", "2"]'
+                f'data.label_names: {unquoted} are not names: {UNQUOTED}; quote them (["1", "2"] for numbers), e.g. '
+                + quoted("data.label_names", '["no", "yes"]')
             )
         return data
 
@@ -102,10 +109,8 @@ class DataConfig(Strict):
         if isinstance(value, bool | int | float):
             names = info.data.get("label_names", []) if info.field_name == "positive_label" else []
             example = yaml_word(value, (*names, "yes", "no")) if isinstance(value, bool) else value
-            raise ValueError(
-                f"data.{info.field_name}: {value!r} is not a name: {UNQUOTED}; quote it, e.g. "
-                f'{info.field_name}: "{example}"'
-            )
+            key, written = f"data.{info.field_name}", f'"{example}"'
+            raise ValueError(f"{key}: {value!r} is not a name: {UNQUOTED}; quote it, e.g. {quoted(key, written)}")
         return value
 
     @field_validator("label_names")

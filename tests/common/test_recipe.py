@@ -320,6 +320,21 @@ def test_a_list_that_is_not_yaml_is_not_to_be_quoted_as_text():
         parse_overrides(["--x=[1,2"])
 
 
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_override_is_refused_not_read_as_null(value):
+    """`--model.init=$CKPT` with CKPT unset would build the teacher from scratch; a null is written `null`."""
+    with pytest.raises(RecipeError, match=r"^override --model\.init=.* is empty \(an unset shell variable\?\): .*null"):
+        parse_overrides([f"--model.init={value}"])
+
+
+def test_a_variable_unquoted_inside_a_list_override_is_to_be_quoted_for_yaml_not_for_the_shell():
+    with pytest.raises(
+        RecipeError,
+        match=r"""quote a value that holds \$\{NAME\}.*: '--x=\["\$\{EDGEDISTILL_DATA_DIR\}/file\.txt"\]'$""",
+    ):
+        parse_overrides(["--x=[${EDGEDISTILL_DATA_DIR}/u.txt]"])
+
+
 def test_a_command_given_an_override_that_is_not_yaml_exits_with_status_2(capsys):
     assert cli.main(["report", str(ROOT / "recipes" / "smoke.yaml"), "--x=[1,2"]) == 2
 
@@ -997,6 +1012,21 @@ def test_a_variable_of_ones_own_under_the_settings_prefix_is_refused(tmp_path, m
         load_recipe(write(tmp_path, MINIMAL.replace("train: a.tsv", "train: '${EDGEDISTILL_MY_DATA}/a.tsv'")))
 
 
+@pytest.mark.parametrize(
+    ("variable", "why"),
+    [
+        ("EDGEDISTILL_THREADS", "the benchmarks and load tests set for their servers themselves"),
+        ("EDGEDISTILL_MAX_BATCH_SIZE", "the servers started in this environment read"),
+    ],
+)
+def test_a_server_setting_in_a_recipe_is_refused_saying_the_measured_servers_read_it(
+    tmp_path, monkeypatch, variable, why
+):
+    monkeypatch.setenv(variable, "4")
+    with pytest.raises(RecipeError, match=rf"\$\{{{variable}\}}: .*{variable} is a server setting, which {why}"):
+        load_recipe(write(tmp_path, MINIMAL.replace("train: a.tsv", f"train: '${{{variable}}}/a.tsv'")))
+
+
 def test_a_pipeline_setting_is_a_variable_a_recipe_may_name(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_DATA_DIR", str(tmp_path))
     recipe = load_recipe(write(tmp_path, MINIMAL.replace("train: a.tsv", "train: '${EDGEDISTILL_DATA_DIR}/a.tsv'")))
@@ -1026,6 +1056,13 @@ def test_other_invalid_yaml_gets_no_hint_about_variables(tmp_path):
     assert "quote a value" not in str(refused.value)
 
 
+def test_invalid_yaml_beside_a_quoted_variable_gets_no_hint_about_variables(tmp_path):
+    text = MINIMAL + 'transfer: {unlabelled_files: !replace ["${EDGEDISTILL_DATA_DIR}/u.txt"]}\n'
+    with pytest.raises(RecipeError, match=r"!replace marks a mapping") as refused:
+        load_recipe(write(tmp_path, text))
+    assert "quote a value" not in str(refused.value)
+
+
 def test_a_section_written_twice_is_refused_naming_it_and_both_lines(tmp_path):
     text = MINIMAL + "finetune:\n  pooling: mean\nfinetune:\n  optim: {lr: 1}\n"
     with pytest.raises(
@@ -1037,6 +1074,28 @@ def test_a_section_written_twice_is_refused_naming_it_and_both_lines(tmp_path):
 def test_a_key_written_twice_inside_a_section_is_refused(tmp_path):
     with pytest.raises(RecipeError, match=r"'lr' is written twice in one mapping"):
         load_recipe(write(tmp_path, MINIMAL + "finetune: {optim: {lr: 1, lr: 2}}\n"))
+
+
+MERGED_STUDENT = """
+distill:
+  students:
+    cnn:
+      optim: &student
+        <<: {lr: 1.0e-4, epochs: 1}
+        lr: 3.0e-3
+finetune:
+  optim: {<<: *student, epochs: 3}
+"""
+
+
+def test_a_merge_key_naming_a_mapping_built_after_it_takes_that_mappings_own_keys(tmp_path):
+    """finetune.optim, built before the student's optim, merges that mapping first: its `lr` is not written twice."""
+    assert extend(tmp_path, MERGED_STUDENT).finetune.optim.lr == 3.0e-3
+
+
+def test_a_key_written_twice_in_a_mapping_a_merge_key_names_first_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match=r"'lr' is written twice in one mapping"):
+        extend(tmp_path, MERGED_STUDENT.replace("lr: 3.0e-3", "lr: 3.0e-3\n        lr: 1.0e-3"))
 
 
 def test_an_unset_variable_in_an_override_names_the_override(tmp_path, monkeypatch):
@@ -1694,6 +1753,11 @@ def test_a_recipe_that_alone_has_the_name_it_extends_is_refused_as_extending_its
         load_recipe(write(tmp_path / "recipes", "extends: mine\n", "mine.yaml"))
 
 
+def test_a_recipe_extending_its_own_file_name_is_refused_as_extending_itself_not_pointed_to_itself(tmp_path):
+    with pytest.raises(RecipeError, match="extends mine, which names this recipe itself"):
+        load_recipe(write(tmp_path, "extends: mine\n", "mine.yaml"))
+
+
 def test_the_extending_recipe_keeps_its_own_name(tmp_path):
     assert extend(tmp_path, "").name == "exp"
 
@@ -2057,6 +2121,20 @@ def test_a_positive_label_yaml_reads_as_a_boolean_is_shown_quoted_as_the_label_n
 def test_a_column_or_positive_label_yaml_reads_as_a_boolean_gets_a_quoting_hint(field):
     with pytest.raises(ValueError, match=rf"data\.{field}: True is not a name: .* quote it"):
         binary(**{field: True})
+
+
+@pytest.mark.parametrize(
+    ("override", "quoted"),
+    [
+        ("--data.positive_label=yes", """--data.positive_label='"yes"' on the command line"""),
+        ("--data.label_names=[no,yes]", """--data.label_names='["no", "yes"]' on the command line"""),
+    ],
+)
+def test_a_name_an_override_gives_unquoted_is_refused_saying_how_to_quote_it_on_the_command_line(
+    tmp_path, override, quoted
+):
+    with pytest.raises(RecipeError, match=re.escape(quoted)):
+        load_recipe(write(tmp_path, MINIMAL), parse_overrides([override]))
 
 
 @pytest.mark.parametrize(
