@@ -6,7 +6,7 @@ import pytest
 import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common import modelcard
-from edgedistill.common.recipe import load_recipe
+from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.distill import heads
 from edgedistill.distill.student_stage import load_student, student_logits
 from edgedistill.distill.students import (
@@ -159,7 +159,8 @@ def test_the_student_cards_code_scores_a_text_longer_than_the_students_max_lengt
     train_tokenizer("bert", TEXTS * 10, 40).save_pretrained(folder)
     lines = modelcard._usage(recipe, "student-transformer", {})
     code = "\n".join(lines[1:-1])  # inside the ```python fence
-    code = code.replace('"runs/smoke/student-transformer"', repr(folder)).replace('"a text"', repr(" ".join(TEXTS * 5)))
+    code = code.replace(f'"{run_dir(recipe) / "student-transformer"}"', repr(folder))
+    code = code.replace('"a text"', repr(" ".join(TEXTS * 5)))
     scope = {}
     exec(code, scope)
     assert tuple(scope["logits"].shape) == (1, len(LABELS))
@@ -178,7 +179,7 @@ def test_the_teachers_card_code_gives_its_logits_for_a_text_and_a_pair_task_its_
     tokenizer = train_tokenizer("bert", ["a text and its pair", *TEXTS] * 20, 60)
     tokenizer.save_pretrained(tmp_path)
     lines = modelcard._usage(recipe, "teacher", {})
-    code = "\n".join(lines[1:-1]).replace('"runs/smoke/teacher"', repr(str(tmp_path)))  # inside the ```python fence
+    code = "\n".join(lines[1:-1]).replace(f'"{run_dir(recipe) / "teacher"}"', repr(str(tmp_path)))  # inside the fence
     scope = {}
     exec(code, scope)
     with torch.no_grad():
