@@ -8,7 +8,6 @@ rerun after `kill -9` skips exactly the batches already seen.
 import contextlib
 import math
 import random
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -95,9 +94,9 @@ class Progress:
     examples: int = 0
     train_seconds: float = 0.0
     trained_by: list[dict[str, Any]] = field(default_factory=list)
-    """Each run of the stage that trained steps: its first and last step, world size and placement
-    (`Placement.describe`); the manifest's placement is the last one's, also where a run resumed at its last step
-    trains none itself."""
+    """Each run of the stage that trained steps: its first and last step, world size, grad_accum and placement
+    (`Placement.describe`); the manifest's are the last one's, also where a run resumed at its last step trains none
+    itself."""
 
     @property
     def best_entry(self) -> dict[str, Any]:
@@ -289,13 +288,15 @@ def work_dir(inputs: Inputs) -> Path:
 
 
 def _load_problem(err: Exception) -> str:
-    """What `torch.load` found wrong, without its advice to load the file with `weights_only=False`, which would run
-    whatever code a damaged or foreign file holds."""
-    text = str(err)
+    """What `torch.load` found wrong, as `Type: reason` (the type alone where it gives no reason), without its advice
+    to load the file with `weights_only=False`, which would run whatever code a damaged or foreign file holds, or to
+    allow the type it refused. A weights-only load wraps that advice around its unpickler's error (the type it
+    refused), which it keeps as the context of the error it raises."""
+    text = str(err).strip()
     if text.startswith("Weights only load failed"):
-        found = [part.strip() for part in re.split(r"\n\s*\n", text) if part.strip() and "weights_only" not in part]
-        return f"{type(err).__name__}: it holds more than tensors and plain values: {'; '.join(found)}"
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+        refused = str(err.__context__ or "").partition(" Please use")[0].strip()
+        text = "it holds more than tensors and plain values" + (f": {refused}" if refused else "")
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 class Trainer:
@@ -353,7 +354,9 @@ class Trainer:
         return self.ema.module if self.ema else self.model
 
     def run_info(self) -> dict[str, Any]:
-        """What every training manifest records about the run that made it."""
+        """What every training manifest records about the run that made it; world size, grad_accum and placement are
+        the last training run's (`Progress.trained_by`), grad_accum None where that run was of an earlier release,
+        which did not record it."""
         p = self.progress
         last = p.trained_by[-1] if p.trained_by else self._this_run()
         info = {
@@ -362,7 +365,7 @@ class Trainer:
             "world_size": last["world_size"],
             "resumed_from_step": p.resumed_from,
             "batch_size": self.cfg.batch_size,
-            "grad_accum": self.cfg.grad_accum,
+            "grad_accum": last.get("grad_accum"),
             "examples_per_s": round(p.examples / p.train_seconds, 1) if p.train_seconds else None,
             **{key: value for key, value in last.items() if key not in ("first_step", "last_step")},
             "trained_by": p.trained_by,
@@ -370,8 +373,8 @@ class Trainer:
         return info
 
     def _this_run(self) -> dict[str, Any]:
-        """This run's world size and placement, as `Progress.trained_by` records them."""
-        return {"world_size": self.world_size, **self.placement.describe()}
+        """This run's world size, grad_accum and placement, as `Progress.trained_by` records them."""
+        return {"world_size": self.world_size, "grad_accum": self.cfg.grad_accum, **self.placement.describe()}
 
     def _rng_state(self) -> dict[str, Any]:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}

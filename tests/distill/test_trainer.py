@@ -121,11 +121,32 @@ def test_a_run_resumed_at_its_last_step_records_the_placement_of_the_run_that_tr
     assert again.run_info()["precision"] == "fp32"
 
 
+def test_a_run_resumed_at_its_last_step_records_the_grad_accum_of_the_run_that_trained(tmp_path):
+    trained(tmp_path)  # one micro-batch a step
+    assert trained(tmp_path, grad_accum=4).run_info()["grad_accum"] == 1
+
+
+def test_a_run_resumed_at_its_last_step_after_an_earlier_release_records_no_grad_accum(tmp_path):
+    trained(tmp_path)
+    state = torch.load(tmp_path / CHECKPOINT, weights_only=True)
+    # its runs as an earlier release wrote them, without grad_accum
+    runs = state["progress"]["trained_by"]
+    state["progress"]["trained_by"] = [{k: v for k, v in run.items() if k != "grad_accum"} for run in runs]
+    torch.save(state, tmp_path / CHECKPOINT)
+    assert trained(tmp_path, grad_accum=4).run_info()["grad_accum"] is None
+
+
 def test_a_run_resumed_part_way_records_the_steps_and_placement_of_each_run(tmp_path):
     trained(tmp_path)  # step 1 in fp32
     progress = resumed(tmp_path, resolve(RuntimeConfig(device="cpu", precision="bf16")))
     runs = [(run["first_step"], run["last_step"], run["precision"]) for run in progress.trained_by]
     assert runs == [(1, 1, "fp32"), (2, 2, "bf16")]
+
+
+def test_a_run_resumed_part_way_records_the_grad_accum_of_each_run(tmp_path):
+    trained(tmp_path)  # step 1, one micro-batch
+    progress = resumed(tmp_path, CPU, grad_accum=2)
+    assert [run["grad_accum"] for run in progress.trained_by] == [1, 2]
 
 
 def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
@@ -142,6 +163,25 @@ def test_an_unreadable_checkpoint_is_not_met_with_advice_to_load_it_unsafely(tmp
     with pytest.raises(CheckpointError, match=r"checkpoint\.pt cannot be read") as refused:
         trained(tmp_path)
     assert "weights_only" not in str(refused.value)
+
+
+def test_a_checkpoint_holding_more_than_tensors_names_the_type_it_holds(tmp_path):
+    torch.save({"config_hash": "h", "written_to": Path("runs")}, tmp_path / CHECKPOINT)
+    with pytest.raises(CheckpointError, match=r"GLOBAL pathlib\.\w*Path was not an allowed global"):
+        trained(tmp_path)
+
+
+def test_a_checkpoint_holding_more_than_tensors_is_not_met_with_advice_to_allow_its_type(tmp_path):
+    torch.save({"config_hash": "h", "written_to": Path("runs")}, tmp_path / CHECKPOINT)
+    with pytest.raises(CheckpointError) as refused:
+        trained(tmp_path)
+    assert "add_safe_globals" not in str(refused.value)
+
+
+def test_an_empty_checkpoint_names_the_error_where_torch_gives_no_reason(tmp_path):
+    (tmp_path / CHECKPOINT).touch()
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pt cannot be read \(EOFError\);"):
+        trained(tmp_path)
 
 
 def test_a_checkpoint_of_another_model_names_the_file_and_the_way_out(tmp_path):
