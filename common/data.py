@@ -105,9 +105,9 @@ class Examples:
             return None
         return (
             f"no dev example is labelled {cfg.label_names[cfg.positive_index]!r} (data.positive_label), so dev_f1, "
-            "the selection metric (data.metric), is 0 at every evaluation: the first checkpoint is kept and patience "
-            "stops training early; give data.dev examples of it (raise data.dev_limit, or name another split), or "
-            "select on another data.metric"
+            "the selection metric (data.metric), is 0 at every evaluation: the first checkpoint is kept, and training "
+            "runs its whole budget for nothing, stopping early only where finetune.optim.patience is set; give "
+            "data.dev examples of it (raise data.dev_limit, or name another split), or select on another data.metric"
         )
 
     def shared_with(self, other: "Examples") -> int:

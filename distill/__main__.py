@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
         placement.check(recipe.runtime)
         if not args.force and skip_all(planned):
             if args.stage == "distill":
-                table.write(recipe)
+                table.write(recipe, rest)
             return 0
     except (RecipeError, DataError, ArtifactError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -65,7 +65,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m distill") -> int:
     device.configure_process()
     try:
         pipeline.run(
-            recipe, args.recipe, args.stage, args.only, args.jobs, force=args.force, baselines=not args.no_baseline
+            recipe,
+            args.recipe,
+            args.stage,
+            args.only,
+            args.jobs,
+            force=args.force,
+            baselines=not args.no_baseline,
+            overrides=rest,
         )
     except (RecipeError, DataError, ArtifactError, CheckpointError, CollectiveTimeout, JobKilled) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -168,7 +168,7 @@ def build_stage(inputs: Inputs) -> Built | None:
     if not dist.is_main():
         return None
     best = progress.best_entry
-    if unlearnt := one_class(best.get("dev_confusion"), data.label_names, "finetune"):
+    if unlearnt := one_class(best.get("dev_confusion"), data.label_names, "finetune", cfg.optim):
         print(f"[teacher] warning: {unlearnt}")
 
     def kept_logits(split) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Classification metrics from logits: accuracy, macro-F1, the positive class's F1 and the confusion matrix."""
 
 import numpy as np
-from edgedistill.common.config.training import DataConfig
+from edgedistill.common.config.training import DataConfig, OptimConfig
 from edgedistill.common.recipe import RecipeError
 from edgedistill.common.scores import label_f1, one_label
 
@@ -48,17 +48,20 @@ def classification_metrics(
     return out
 
 
-def one_class(confusion: list[list[int]] | None, label_names: list[str], trained_by: str) -> str | None:
-    """What to tell a user whose model, trained by section `trained_by` (`finetune`, `distill.students.cnn`), predicts
-    one label for every dev example (`one_label`): it learnt the majority class at most, and its figures say little;
-    else None."""
+def one_class(
+    confusion: list[list[int]] | None, label_names: list[str], trained_by: str, optim: OptimConfig
+) -> str | None:
+    """What to tell a user whose model, trained by section `trained_by` (`finetune`, `distill.students.cnn`) under
+    `optim`, predicts one label for every dev example (`one_label`): it learnt the majority class at most, and its
+    figures say little; else None. It names the step budget training read: `max_steps` where set, else `epochs`."""
     if (label := one_label(confusion)) is None:
         return None
     matrix = np.asarray(confusion)
+    budget = "max_steps" if "epochs" in optim.unread() else "epochs"
     return (
         f"it predicts {label_names[label]!r} for all {int(matrix.sum())} dev examples, which hold "
         f"{np.count_nonzero(matrix.sum(axis=1))} labels: it learnt no more than the majority class; train it longer "
-        f"({trained_by}.optim.epochs, {trained_by}.optim.lr) or on more data"
+        f"({trained_by}.optim.{budget}, {trained_by}.optim.lr) or on more data"
     )
 
 

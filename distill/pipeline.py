@@ -1,6 +1,7 @@
 """What `python -m distill <stage>` runs, in order: the stages a stage needs first, and the rules for torchrun and
 parallel jobs."""
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from edgedistill.common import manifest as mf
@@ -30,9 +31,11 @@ def run(
     jobs: int = 1,
     force: bool = False,
     baselines: bool = True,
+    overrides: Sequence[str] = (),
 ) -> None:
-    """Run `stage` of `recipe` (read from `recipe_file`, which messages name) with what it needs first; `force`
-    rebuilds the stage asked for. A recipe or launch that cannot run it raises `RecipeError`."""
+    """Run `stage` of `recipe` (read from `recipe_file`, which messages name, with the recipe `overrides` the command
+    was given, which the table's note names) with what it needs first; `force` rebuilds the stage asked for. A recipe
+    or launch that cannot run it raises `RecipeError`."""
     placement = device.for_process(recipe.runtime)
     dist.init(placement.device.type, recipe.runtime.collective_timeout_s)
     try:
@@ -56,7 +59,7 @@ def run(
                 _warn_positions(recipe)
             _teacher(recipe, recipe_file, stage, force)
         elif stage in ("transfer", "distill"):
-            _transfer_and_students(recipe, recipe_file, stage, only, jobs, force, baselines)
+            _transfer_and_students(recipe, recipe_file, stage, only, jobs, force, baselines, overrides)
     finally:
         dist.shutdown()
 
@@ -195,7 +198,14 @@ def _teacher(recipe: Recipe, recipe_file: str, stage: str, force: bool) -> None:
 
 
 def _transfer_and_students(
-    recipe: Recipe, recipe_file: str, stage: str, only: list[str] | None, jobs: int, force: bool, baselines: bool
+    recipe: Recipe,
+    recipe_file: str,
+    stage: str,
+    only: list[str] | None,
+    jobs: int,
+    force: bool,
+    baselines: bool,
+    overrides: Sequence[str],
 ) -> None:
     """`transfer`, or `distill`: the transfer set (labelled in one process, so under torchrun it must be built
     already), then the students and their baselines, then the table."""
@@ -230,4 +240,4 @@ def _transfer_and_students(
         for name, baseline in runs:
             dist.run_stage(stages.student(recipe, name, baseline), force)
     if dist.is_main():
-        table.write(recipe)
+        table.write(recipe, overrides)

@@ -349,7 +349,9 @@ def build_stage(inputs: Inputs, name: str, baseline: bool, bar_position: int | N
         return None
     student.load_state_dict(load_file(trainer.best_path))
     best = progress.best_entry
-    if unlearnt := one_class(best.get("dev_confusion"), recipe.data.label_names, f"distill.students.{name}"):
+    if unlearnt := one_class(
+        best.get("dev_confusion"), recipe.data.label_names, f"distill.students.{name}", spec.optim
+    ):
         print(f"[{stage_name}] warning: {unlearnt}")
     key = recipe.data.selection_key
     kept = retention(best[key], teacher_manifest.metrics[key])

@@ -7,6 +7,9 @@ test split when the manifests carry it.
 pre-trained smaller model fine-tuned on the labels, `baseline_init_from_teacher`).
 """
 
+import shlex
+from collections.abc import Sequence
+
 from edgedistill.common import manifest as mf
 from edgedistill.common import summary, tables
 from edgedistill.common.atomic import write_changed
@@ -77,9 +80,11 @@ def _row(name, arch, m, columns, key, teacher_score, baseline_manifest) -> dict:
     }
 
 
-def write(recipe: Recipe) -> list[dict]:
+def write(recipe: Recipe, overrides: Sequence[str] = ()) -> list[dict]:
     """Print the table and write `distill-summary.md` and `.json` (its rows, keys in column order, each with the
-    manifests it was drawn from: `common.summary`) into the run folder."""
+    manifests it was drawn from: `common.summary`) into the run folder. The command its note gives to rebuild what is
+    out of date carries the recipe `overrides` (`--section.key=value`) the distill command was given: it refuses
+    those it does not take (`load_command_recipe`)."""
     table_rows = rows(recipe)
     columns = list(table_rows[0])
     key = recipe.data.selection_key
@@ -93,9 +98,11 @@ def write(recipe: Recipe) -> list[dict]:
     ]
     notes = []
     if stale := [r["student"] for r in table_rows if r.get("out_of_date")]:
+        only = " ".join(f"--only {name}" for name in stale)
+        command = f"edgedistill distill RECIPE {only}" + "".join(f" {shlex.quote(arg)}" for arg in overrides)
         notes.append(
             "out_of_date: built from other settings or another teacher or transfer set than the recipe's now, so its "
-            f"figures are left out; `edgedistill distill RECIPE {' '.join(f'--only {n}' for n in stale)}` rebuilds them."
+            f"figures are left out; `{command}` rebuilds them."
         )
     folder = run_dir(recipe)
     if unlearnt := summary.one_label_note(folder, table_rows):

@@ -1177,6 +1177,11 @@ def test_dev_without_the_positive_label_warns_that_f1_selects_nothing():
     assert re.search(r"'positive' \(data\.positive_label\).*raise data\.dev_limit", warning)
 
 
+def test_the_f1_warning_says_training_runs_its_whole_budget_unless_the_teacher_has_patience():
+    warning = Examples(["a", "b"], None, [0, 0], "dev.tsv").f1_warning(F1)
+    assert "runs its whole budget for nothing, stopping early only where finetune.optim.patience is set" in warning
+
+
 def test_dev_with_the_positive_label_gives_no_f1_warning():
     assert Examples(["a", "b"], None, [0, 1], "dev.tsv").f1_warning(F1) is None
 

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from edgedistill.common.config.training import DataConfig
+from edgedistill.common.config.training import DataConfig, OptimConfig
 from edgedistill.common.recipe import RecipeError
 from edgedistill.distill.metrics import EVAL_KEYS, classification_metrics, finite, one_class, retention, task_metrics
 
@@ -143,27 +143,33 @@ def test_a_nan_logit_is_a_diverged_training_naming_its_learning_rate():
 
 
 NAMES = ["neg", "neu", "pos"]
+BY_EPOCHS, BY_STEPS = OptimConfig(), OptimConfig(max_steps=100)
 
 
 def test_a_model_predicting_one_label_for_a_split_of_several_is_named_with_that_label():
     confusion = [[5, 0, 0], [3, 0, 0], [4, 0, 0]]
-    assert one_class(confusion, NAMES, "finetune").startswith(
+    assert one_class(confusion, NAMES, "finetune", BY_EPOCHS).startswith(
         "it predicts 'neg' for all 12 dev examples, which hold 3 labels"
     )
 
 
 def test_a_model_predicting_two_labels_is_not_warned_of():
-    assert one_class([[5, 0, 0], [3, 0, 0], [3, 0, 1]], NAMES, "finetune") is None
+    assert one_class([[5, 0, 0], [3, 0, 0], [3, 0, 1]], NAMES, "finetune", BY_EPOCHS) is None
 
 
 def test_a_split_of_one_label_predicted_as_it_is_not_warned_of():
-    assert one_class([[0, 0, 0], [0, 7, 0], [0, 0, 0]], NAMES, "finetune") is None
+    assert one_class([[0, 0, 0], [0, 7, 0], [0, 0, 0]], NAMES, "finetune", BY_EPOCHS) is None
 
 
 def test_an_evaluation_without_its_confusion_is_not_warned_of():
-    assert one_class(None, NAMES, "finetune") is None
+    assert one_class(None, NAMES, "finetune", BY_EPOCHS) is None
 
 
 def test_the_one_label_warning_names_the_settings_of_the_section_that_trained_it():
-    warned = one_class([[5, 0], [3, 0]], ["no", "yes"], "distill.students.cnn")
+    warned = one_class([[5, 0], [3, 0]], ["no", "yes"], "distill.students.cnn", BY_EPOCHS)
     assert "train it longer (distill.students.cnn.optim.epochs, distill.students.cnn.optim.lr)" in warned
+
+
+def test_the_one_label_warning_of_a_model_trained_for_max_steps_names_max_steps():
+    warned = one_class([[5, 0], [3, 0]], ["no", "yes"], "finetune", BY_STEPS)
+    assert "train it longer (finetune.optim.max_steps, finetune.optim.lr)" in warned

@@ -69,3 +69,17 @@ def test_the_headline_of_a_student_that_learnt_one_label_gives_no_retention(one_
 def test_the_distillation_table_is_followed_by_a_note_naming_the_models_that_learnt_one_label(one_label_run):
     said, _, _ = one_label_run
     assert "one label: teacher, student-cnn, baseline-cnn predict one label for every dev example" in "\n".join(said)
+
+
+@pytest.mark.parametrize(
+    ("model", "budget"),
+    [
+        ("teacher", "finetune.optim.max_steps"),  # the fixture's teacher trains for max_steps: epochs is not read
+        ("student-cnn", "distill.students.cnn.optim.epochs"),
+        ("baseline-cnn", "distill.students.cnn.optim.epochs"),
+    ],
+)
+def test_the_one_label_warning_names_the_step_budget_its_model_trained_for(one_label_run, model, budget):
+    said, _, _ = one_label_run
+    warning = next(line for line in said if line.startswith(f"[{model}] {WARNING}"))
+    assert f"train it longer ({budget}, " in warning

@@ -5,7 +5,7 @@ import json
 import pytest
 from edgedistill.common import manifest as mf
 from edgedistill.common import summary
-from edgedistill.common.recipe import load_recipe, run_dir
+from edgedistill.common.recipe import load_recipe, parse_overrides, run_dir
 from edgedistill.distill import stages, table
 
 RECIPE = """
@@ -187,6 +187,16 @@ def test_the_markdown_says_which_command_rebuilds_what_is_out_of_date(trec):
     publish_teacher(recipe, accuracy=0.95)
     table.write(recipe)
     assert "`edgedistill distill RECIPE --only cnn` rebuilds" in (run_dir(recipe) / "distill-summary.md").read_text()
+
+
+def test_the_command_rebuilding_what_is_out_of_date_carries_the_overrides_the_table_was_written_with(trec, tmp_path):
+    trec()  # its student and baseline built without the override: a student built with it leaves the baseline stale
+    given = ["--distill.students.cnn.optim.max_steps=6"]
+    recipe = load_recipe(tmp_path / "trec.yaml", parse_overrides(given))
+    publish(stages.student(recipe, "cnn", baseline=False), SIZES | {"dev_accuracy": 0.85}, {"arch": "cnn"})
+    table.write(recipe, given)
+    expected = "`edgedistill distill RECIPE --only cnn --distill.students.cnn.optim.max_steps=6` rebuilds"
+    assert expected in (run_dir(recipe) / "distill-summary.md").read_text()
 
 
 def test_the_json_records_the_teachers_manifest_its_row_was_drawn_from(trec):
