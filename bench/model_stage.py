@@ -3,12 +3,16 @@ this machine can time, and the devices the teacher is timed on in PyTorch eager.
 libraries, so that a current benchmark says so at once; resolving a `runtime.device` that may find a GPU imports torch.
 """
 
+from functools import partial
+
+from edgedistill.bench import BenchError
 from edgedistill.common import manifest as mf
 from edgedistill.common.config.training import RuntimeConfig
 from edgedistill.common.recipe import Recipe, run_dir
 from edgedistill.common.runtime import missing_here
 from edgedistill.common.stage import Artifact, Stage, body
 from edgedistill.distill import placement
+from edgedistill.export import stages as export_stages
 
 STAGE = "bench"
 
@@ -38,10 +42,25 @@ def timeable(recipe: Recipe) -> list[str]:
     return [bundle_id for bundle_id, spec in recipe.export.bundles.items() if left_out(spec) is None]
 
 
+def refuse_out_of_date(recipe: Recipe, bundle_ids: list[str]) -> None:
+    """`BenchError` naming each of the built bundles `bundle_ids` that is out of date (`export.stages.bundle`'s
+    staleness: built with other settings than the recipe's now, or from a student or teacher built again since), which
+    the benchmark would time under the recipe's settings of it, and the command that builds it again."""
+    stale = {b: why for b in bundle_ids if (why := export_stages.bundle(recipe, b).staleness())}
+    if stale:
+        whys = "; ".join(f"bundle-{b} ({why})" for b, why in stale.items())
+        only = " ".join(f"--only {b}" for b in stale)
+        raise BenchError(
+            f"bundles out of date, whose figures it would record as the recipe's: {whys}; build them first "
+            f"(edgedistill bundles RECIPE {only}; make bundles in a checkout)"
+        )
+
+
 def stage(recipe: Recipe) -> Stage:
     """`runs/<recipe>/bench/`: every bundle this machine can time (and that is built) beside the teacher, timed in
     PyTorch eager on `eager_devices`, which the hash covers as resolved: a GPU that `runtime.device=auto` finds or
-    loses, or another `runtime.device`, measures again."""
+    loses, or another `runtime.device`, measures again. Before it is built, a bundle out of date is refused
+    (`refuse_out_of_date`)."""
     folder = run_dir(recipe)
     timed = [bundle_id for bundle_id in timeable(recipe) if (folder / f"bundle-{bundle_id}" / mf.MANIFEST).is_file()]
     parents = (
@@ -56,4 +75,5 @@ def stage(recipe: Recipe) -> Stage:
         body("edgedistill.bench.models", devices=devices),
         parents,
         extra={"eager_devices": devices},
+        preflight=partial(refuse_out_of_date, recipe, timed),
     )

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from tests.bart_init import bart_tokenizer
 from tests.conftest import LOADING, ROOT, loaded_by, run_module
+from tests.distill.test_transfer import rebuilt
 from tests.serve.conftest import pair_spec, tiny_tokenizer, write_bundle
 
 SMOKE = ROOT / "recipes" / "smoke.yaml"
@@ -65,6 +66,32 @@ def test_bench_before_any_bundle_is_built_is_refused_naming_the_command(tmp_path
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
     assert bench_main(["models", str(SMOKE)]) == 2
     assert f"is built yet: build them first (edgedistill bundles {SMOKE}" in capsys.readouterr().err
+
+
+def bench_of_stale_bundles(run, monkeypatch, capsys, *overrides: str) -> tuple[int, str]:
+    """`bench models` of the smoke recipe with `overrides` on the run folder `run`, its benchmark removed so that it is
+    built: its exit status and what it wrote to stderr."""
+    shutil.rmtree(run / "bench", ignore_errors=True)
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(run.parent))
+    status = bench_main(["models", str(SMOKE), *overrides])
+    return status, capsys.readouterr().err
+
+
+def test_a_bundle_edited_in_the_recipe_since_it_was_built_is_refused_before_it_is_timed(
+    smoke_bundles_copy, monkeypatch, capsys
+):
+    edited = "--export.bundles.bilstm-fp32.precision=int8"
+    status, err = bench_of_stale_bundles(smoke_bundles_copy, monkeypatch, capsys, edited)
+    assert status == 2
+    assert 'export.bundles.bilstm-fp32.precision "fp32" -> "int8")' in err  # why, among the gates int8 reads
+    assert "(edgedistill bundles RECIPE --only bilstm-fp32; make bundles in a checkout)" in err
+    assert not (smoke_bundles_copy / "bench").exists()  # nothing timed, nothing published
+
+
+def test_bundles_whose_student_was_built_again_are_refused_each_named(smoke_bundles_copy, monkeypatch, capsys):
+    rebuilt(smoke_bundles_copy / "student-bilstm")
+    err = bench_of_stale_bundles(smoke_bundles_copy, monkeypatch, capsys)[1]
+    assert "bundle-bilstm-fp32 (its parent student-bilstm was built again); bundle-bilstm-int8 (its parent" in err
 
 
 @pytest.mark.slow
