@@ -63,12 +63,34 @@ def choose_threshold(scores: np.ndarray, agrees: np.ndarray, target: float) -> t
     return float(sorted_scores[last]), (last + 1) / len(scores)
 
 
-def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list[tuple[float | None, float]], float]:
-    """Each member's (threshold, temperature) from every member's logits on the calibration texts, the last's
-    (None, 1.0), and the share of the texts the first member keeps. A member that no calibration text reaches (the
-    last included), or that keeps none of those that do, is refused (`ExportError`): it would run on texts and answer
-    none of them; so is one with a non-finite logit on a text, whose confidence (or, for the last, whose label) is
-    undefined."""
+def unreached(member: str, cfg: CascadeRecipe, name: str, texts: int, unlike: int) -> ExportError:
+    """The error of a member of cascade `name` that no calibration text reaches, the members before it keeping all
+    `texts`, `unlike` of them answered unlike the last member: where none is, no target_agreement passes one on."""
+    last = cfg.members[-1]
+    drop = f"drop the cascade (export.cascades.{name}: null)" if member == last else "drop it from the members"
+    head = (
+        f"cascade member {member}: no calibration text reaches it, as the members before it keep all {texts} at "
+        f"target_agreement {cfg.target_agreement}"
+    )
+    if unlike:
+        return ExportError(
+            f"{head}, answering {unlike} of them unlike {last}: raise target_agreement, which passes those on, or {drop}"
+        )
+    return ExportError(
+        f"{head}, answering every one as {last} does, so that no target_agreement (1.0 included) passes one on: "
+        f"{drop}, or calibrate on more texts (export.cascades.{name}.calibration_sentences, read further into "
+        "transfer.unlabelled_files)"
+    )
+
+
+def fit_routing(
+    calibration: list[np.ndarray], cfg: CascadeRecipe, name: str
+) -> tuple[list[tuple[float | None, float]], float]:
+    """Each member's (threshold, temperature) of cascade `name` from every member's logits on the calibration texts,
+    the last's (None, 1.0), and the share of the texts the first member keeps. A member that no calibration text
+    reaches (the last included), or that keeps none of those that do, is refused (`ExportError`): it would run on texts
+    and answer none of them; so is one with a non-finite logit on a text, whose confidence (or, for the last, whose
+    label) is undefined."""
     for member, logits in zip(cfg.members, calibration, strict=True):
         if undefined := int((~np.isfinite(logits)).any(-1).sum()):
             raise ExportError(
@@ -78,12 +100,10 @@ def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list
             )
     reference = calibration[-1].argmax(-1)
     routing, reaching, first_kept = [], np.ones(len(reference), dtype=bool), None
+    unlike = 0  # texts kept by a member answering unlike the last
     for member, logits in zip(cfg.members[:-1], calibration[:-1], strict=True):
         if not reaching.any():
-            raise ExportError(
-                f"cascade member {member}: no calibration text reaches it, as the members before it keep all "
-                f"{len(reference)} at target_agreement {cfg.target_agreement}: drop it or raise target_agreement"
-            )
+            raise unreached(member, cfg, name, len(reference), unlike)
         temperature = fit_temperature(logits[reaching], reference[reaching]) if cfg.temperature_scaling else 1.0
         scores = confidence(logits, cfg.rule, temperature)
         agrees = logits.argmax(-1) == reference
@@ -95,14 +115,12 @@ def fit_routing(calibration: list[np.ndarray], cfg: CascadeRecipe) -> tuple[list
                 "drop it or lower target_agreement"
             )
         first_kept = round(kept, 4) if first_kept is None else first_kept
-        reaching &= scores < threshold
+        keeps = reaching & (scores >= threshold)
+        unlike += int((keeps & ~agrees).sum())
+        reaching &= ~keeps
         routing.append((threshold, temperature))
     if not reaching.any():
-        raise ExportError(
-            f"cascade member {cfg.members[-1]}: no calibration text reaches it, as the members before it keep all "
-            f"{len(reference)} at target_agreement {cfg.target_agreement}: raise target_agreement, or deploy "
-            f"{cfg.members[0]} alone (export.deploy)"
-        )
+        raise unreached(cfg.members[-1], cfg, name, len(reference), unlike)
     return [*routing, (None, 1.0)], first_kept  # the last member answers what reaches it
 
 
@@ -192,7 +210,7 @@ def build_stage(inputs: Inputs, name: str) -> Built:
         calibration = [member.logits(tokenizer, texts, pairs) for member in opened]
         dev_logits = [member.logits(tokenizer, dev.texts, dev.pairs) for member in opened]  # as the server writes them
     reference = calibration[-1].argmax(-1)
-    routing, first_kept = fit_routing(calibration, cfg)
+    routing, first_kept = fit_routing(calibration, cfg, name)
     spec = CascadeSpec(
         name=f"{recipe.name}-{name}",
         labels=recipe.data.label_names,

@@ -61,14 +61,30 @@ def test_routing_refuses_a_member_no_calibration_text_reaches():
     last = np.array([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
     cfg = CascadeRecipe(members=["first", "middle", "last"], target_agreement=0.5, temperature_scaling=False)
     with pytest.raises(ExportError, match="middle: no calibration text reaches it"):
-        fit_routing([last, last, last], cfg)
+        fit_routing([last, last, last], cfg, "c")
 
 
 def test_routing_refuses_a_last_member_no_calibration_text_reaches():
     last = np.array([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
     cfg = CascadeRecipe(members=["first", "last"], target_agreement=0.5, temperature_scaling=False)
     with pytest.raises(ExportError, match="last: no calibration text reaches it"):
-        fit_routing([last, last], cfg)
+        fit_routing([last, last], cfg, "c")
+
+
+def test_a_last_member_no_text_reaches_as_the_others_answer_all_as_it_does_names_dropping_the_cascade():
+    last = np.array([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
+    cfg = CascadeRecipe(members=["first", "last"], target_agreement=1.0, temperature_scaling=False)
+    no_target = r"as last does, so that no target_agreement \(1\.0 included\) passes one on: drop the cascade "
+    with pytest.raises(ExportError, match=no_target + r"\(export\.cascades\.c: null\), or calibrate on more texts"):
+        fit_routing([last, last], cfg, "c")
+
+
+def test_a_last_member_no_text_reaches_as_the_others_answer_some_unlike_it_names_raising_the_target():
+    first = np.array([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
+    last = np.array([[2.0, 0.0], [0.0, 2.0], [0.0, 2.0]])
+    cfg = CascadeRecipe(members=["first", "last"], target_agreement=0.5, temperature_scaling=False)
+    with pytest.raises(ExportError, match="answering 1 of them unlike last: raise target_agreement, which passes"):
+        fit_routing([first, last], cfg, "c")
 
 
 def test_routing_refuses_a_member_that_keeps_no_calibration_text():
@@ -76,7 +92,7 @@ def test_routing_refuses_a_member_that_keeps_no_calibration_text():
     last = np.array([[0.0, 2.0], [0.0, 2.0], [2.0, 0.0]])
     cfg = CascadeRecipe(members=["first", "last"], target_agreement=1.0, temperature_scaling=False)
     with pytest.raises(ExportError, match="first keeps none of the 3 calibration texts"):
-        fit_routing([first, last], cfg)
+        fit_routing([first, last], cfg, "c")
 
 
 @pytest.mark.parametrize("member", [0, 1])
@@ -86,7 +102,7 @@ def test_routing_refuses_a_member_with_a_non_finite_calibration_logit_naming_it_
     cfg = CascadeRecipe(members=["first", "last"], target_agreement=0.5)
     name = cfg.members[member]
     with pytest.raises(ExportError, match=f"member {name} gives a non-finite logit .* on 2 of the 3 calibration"):
-        fit_routing(calibration, cfg)
+        fit_routing(calibration, cfg, "c")
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The shape checks and the dev check of `export.validate`: a non-finite logit, or an fp32 graph off by more than
-the tolerance at a shape or on dev, misses the gate; a figure exactly at its gate passes it; a bundle longer than the
-shapes is checked at its length."""
+the tolerance at a shape or on dev, misses the gate; a figure exactly at its gate passes it, and one missed by one or two
+predictions names the ways out; a bundle longer than the shapes is checked at its length."""
 
 import numpy as np
 import pytest
@@ -131,3 +131,26 @@ def test_a_bundle_agreeing_exactly_as_often_as_its_gate_asks_passes_it():
 def test_a_bundle_agreeing_one_text_less_often_than_its_gate_asks_misses_it():
     with pytest.raises(ExportGateError, match=r"fp16 predictions agree with PyTorch on 92\.8000% of dev"):
         gate(differing_answers(125, 9), "fp16", 0.936, 0.005)
+
+
+def test_a_bundle_missing_its_agreement_gate_says_how_many_of_how_many_predictions_differ():
+    with pytest.raises(ExportGateError, match=r"2 of 60 predictions differ"):
+        gate(differing_answers(60, 2), "int8", 0.97, 0.05)
+
+
+def test_an_int8_bundle_two_predictions_short_of_its_gate_names_the_gate_and_a_larger_dev_split():
+    ways_out = r"lower export\.min_int8_agreement, or score on a larger dev split \(data\.dev_limit"
+    with pytest.raises(ExportGateError, match=ways_out):
+        gate(differing_answers(60, 2), "int8", 0.97, 0.05)
+
+
+def test_a_bundle_three_predictions_short_of_its_gate_is_not_told_its_dev_split_is_small():
+    with pytest.raises(ExportGateError) as missed:
+        gate(differing_answers(60, 3), "int8", 0.97, 0.05)
+    assert "this small" not in str(missed.value)
+
+
+def test_an_fp32_bundle_one_prediction_short_of_its_gate_is_not_told_to_lower_it():
+    with pytest.raises(ExportGateError) as missed:
+        gate(differing_answers(60, 1), "fp32", 0.999, 0.05)
+    assert "lower export.min_agreement" not in str(missed.value)
