@@ -490,6 +490,11 @@ def _why_not_in_a_recipe(name: str) -> str:
             f"{name} is a server setting, which the benchmarks and load tests set for their servers themselves, and "
             "refuse in the environment"
         )
+    if name.removeprefix(settings.ENV_PREFIX) in settings.MEASURED_PLAINTEXT:
+        return (
+            f"{name} is a server setting, which the benchmarks and load tests refuse in the environment, as they call "
+            "their servers over plaintext loopback"
+        )
     return (
         f"{name} is a server setting, which the servers started in this environment read (the benchmarks' and load "
         "tests' among them), so a value set for the recipe would set theirs too"

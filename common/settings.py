@@ -63,6 +63,8 @@ SERVER = frozenset(
 
 # The server settings a measurement sets by its servers' flags (bench/environ.py), which win over their variables
 MEASURED_SETTINGS = ("bundle", "host", "port", "threads", "workers")
+# server settings a measurement refuses too: it calls its servers over plaintext loopback
+MEASURED_PLAINTEXT = ("TLS_CERT", "TLS_KEY")
 
 
 class SettingError(ValueError):
@@ -126,7 +128,7 @@ def refuse_measured_variables() -> None:
             "threads (the recipe's `threads` of the measurement: --bench.serving.threads=N, --bench.peers.threads=N, "
             "--bench.scaling.threads=N or --loadtest.threads=N) and workers itself; unset them"
         )
-    if any(os.environ.get(ENV_PREFIX + name) for name in ("TLS_CERT", "TLS_KEY")):  # empty: unset
+    if any(os.environ.get(ENV_PREFIX + name) for name in MEASURED_PLAINTEXT):  # empty: unset
         raise SettingError("measurements call the server over plaintext loopback: unset EDGEDISTILL_TLS_CERT and _KEY")
 
 

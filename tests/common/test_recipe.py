@@ -1017,6 +1017,7 @@ def test_a_variable_of_ones_own_under_the_settings_prefix_is_refused(tmp_path, m
     [
         ("EDGEDISTILL_THREADS", "the benchmarks and load tests set for their servers themselves"),
         ("EDGEDISTILL_MAX_BATCH_SIZE", "the servers started in this environment read"),
+        ("EDGEDISTILL_TLS_CERT", "the benchmarks and load tests refuse in the environment, as they call"),
     ],
 )
 def test_a_server_setting_in_a_recipe_is_refused_saying_the_measured_servers_read_it(
