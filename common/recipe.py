@@ -703,11 +703,12 @@ def _closest(path: Path) -> str:
 _FLOW_VARIABLE = "inside {...} or [...], quote a value that holds ${NAME}, whose { YAML reads as a mapping's"
 _FLOW_EXAMPLE = '["${EDGEDISTILL_DATA_DIR}/file.txt"]'
 _QUOTED = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^']|'')*'""")  # a YAML quoted scalar, which may hold `${` and brackets
+_COMMENT = re.compile(r"(?:^|\s)#.*$", re.MULTILINE)  # a YAML comment, once quoted scalars are out of the way
 
 
 def _variable_in_flow(text: str) -> bool:
-    """Whether `text` (a recipe's line, an override's value) holds `${` unquoted inside `{...}` or `[...]`."""
-    bare = _QUOTED.sub('""', text)
+    """Whether `text` (a recipe's lines, an override's value) holds `${` unquoted inside `{...}` or `[...]`."""
+    bare = _COMMENT.sub("", _QUOTED.sub('""', text))
     for variable in re.finditer(r"\$\{", bare):
         before = _VAR.sub("", bare[: variable.start()])  # the braces of a `${NAME}` open no mapping
         if before.count("{") + before.count("[") > before.count("}") + before.count("]"):
@@ -716,12 +717,13 @@ def _variable_in_flow(text: str) -> bool:
 
 
 def _unquoted_variable(text: str, err: yaml.YAMLError) -> str:
-    """A hint where the line YAML stopped at holds `${` unquoted inside `{...}` or `[...]` (`_FLOW_VARIABLE`)."""
+    """A hint where the line YAML stopped at holds `${` unquoted inside `{...}` or `[...]` (`_FLOW_VARIABLE`), the
+    brackets counted from the recipe's first line, as a list or mapping in brackets may span lines."""
     mark = getattr(err, "problem_mark", None)
     lines = text.splitlines()
-    if mark is None or mark.line >= len(lines) or not _variable_in_flow(lines[mark.line]):
+    if mark is None or mark.line >= len(lines) or "${" not in lines[mark.line]:
         return ""
-    return f"\n({_FLOW_VARIABLE}: {_FLOW_EXAMPLE})"
+    return f"\n({_FLOW_VARIABLE}: {_FLOW_EXAMPLE})" if _variable_in_flow("\n".join(lines[: mark.line + 1])) else ""
 
 
 def _settings_in(node: dict, prefix: str = "") -> list[str]:

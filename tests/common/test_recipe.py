@@ -1057,6 +1057,12 @@ def test_other_invalid_yaml_gets_no_hint_about_variables(tmp_path):
     assert "quote a value" not in str(refused.value)
 
 
+def test_an_unquoted_variable_inside_brackets_over_several_lines_says_to_quote_it(tmp_path):
+    text = MINIMAL + "transfer:\n  unlabelled_files: [  # one a line\n    ${EDGEDISTILL_DATA_DIR}/u.txt,\n  ]\n"
+    with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
+        load_recipe(write(tmp_path, text))
+
+
 def test_invalid_yaml_beside_a_quoted_variable_gets_no_hint_about_variables(tmp_path):
     text = MINIMAL + 'transfer: {unlabelled_files: !replace ["${EDGEDISTILL_DATA_DIR}/u.txt"]}\n'
     with pytest.raises(RecipeError, match=r"!replace marks a mapping") as refused:
