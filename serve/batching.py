@@ -473,23 +473,26 @@ class DynamicBatcher:
     def _take(self) -> list[_Row]:
         """Up to `max_batch_size` rows: all if they fit, else the window of similar lengths holding the oldest. A
         request cancelled since it queued is left out, its rows queued for its own task to drop, for its reason."""
-        queued = [row for request, rows in self._pending.items() if not request.future.done() for row in rows]
-        batch = queued if len(queued) <= self.max_batch_size else self._window(queued)
-        if len(batch) == self._queued:
-            self._pending = {}
+        queued, cancelled = [], {}
+        for request, rows in self._pending.items():
+            if request.future.done():
+                cancelled[request] = rows
+            else:
+                queued += rows
+        if len(queued) <= self.max_batch_size:
+            batch, self._pending = queued, cancelled
         else:
-            taken = set(batch)
-            self._pending = {
-                request: left
-                for request, rows in self._pending.items()
-                if (left := [row for row in rows if row not in taken])
-            }
+            chosen = self._window(queued)
+            batch, self._pending = [row for i, row in enumerate(queued) if i in chosen], cancelled
+            for i, row in enumerate(queued):
+                if i not in chosen:
+                    self._pending.setdefault(row.request, []).append(row)
         self._queued -= len(batch)
         self.observer.queue_depth(self._queued)
         return batch
 
-    def _window(self, queued: list[_Row]) -> list[_Row]:
-        """The `max_batch_size` of `queued` rows (oldest first) of least padding that hold the oldest, in their order."""
+    def _window(self, queued: list[_Row]) -> set[int]:
+        """The places in `queued` (oldest first) of the `max_batch_size` rows of least padding that hold the oldest."""
         size = self.max_batch_size
         order = sorted(range(len(queued)), key=lambda i: (queued[i].length, i))
         anchor = order.index(0)
@@ -499,8 +502,7 @@ class DynamicBatcher:
         last = min(anchor, len(order) - size)
         # padding cost of window [s, s + size): size * longest - sum of lengths
         start = min(range(first, last + 1), key=lambda s: size * lengths[s + size - 1] - (prefix[s + size] - prefix[s]))
-        chosen = set(order[start : start + size])
-        return [row for i, row in enumerate(queued) if i in chosen]
+        return set(order[start : start + size])
 
     async def _run(self, batch: list[_Row]) -> None:
         loop = asyncio.get_running_loop()
