@@ -488,6 +488,7 @@ def stage(recipe: Recipe, overrides: Sequence[str] = ()) -> Stage:
     it shows), or another release of edgedistill (which may draw other sections) runs it."""
     parents = tuple(Artifact(p.name, p) for p in finished_stages(recipe))
     extra = {"edgedistill": metadata.version("edgedistill"), summary.FILE: summary.sha256(run_dir(recipe))}
+    extra |= {"overrides_given": True} if overrides else {}  # they change its commands: no make command is named
     return Stage("report", recipe, sections.TRAINED, partial(_build, overrides=tuple(overrides)), parents, extra=extra)
 
 

@@ -132,6 +132,13 @@ def test_a_report_of_another_deployed_bundle_is_not_current():
     assert not stage(other).is_current()
 
 
+def test_a_report_rendered_without_overrides_is_not_current_for_a_command_given_some():
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
+    Stage("notes", recipe, ("data",), lambda _: Built(lambda folder: (folder / "a.txt").write_text("x"))).run()
+    stage(recipe).run()
+    assert not stage(recipe, ["--export.deploy=bilstm-int8"]).is_current()  # the recipe's own value: its commands
+
+
 def test_a_report_is_not_current_once_the_distillation_table_is_written_again():
     recipe = load_recipe(ROOT / "recipes" / "smoke.yaml")
     Stage("notes", recipe, ("data",), lambda _: Built(lambda folder: (folder / "a.txt").write_text("x"))).run()
