@@ -35,7 +35,7 @@ def run_models(recipe, args) -> int:
 
     if recipe.export is None:
         raise RecipeError(f"{args.recipe}: no `export` section")
-    stage = model_stage.stage(recipe)
+    stage = model_stage.stage(recipe, args.recipe, args.overrides)
     if (timeable := model_stage.timeable(recipe)) and len(stage.parents) == 1:  # the teacher alone: none built
         raise BenchError(
             f"none of the bundles it times here ({', '.join(timeable)}) is built yet: build them first "
@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     scaled.add_argument("--force", action="store_true", help="measure again even if up to date")
     scaled.set_defaults(command_run=run_scaling)
     args, rest = parser.parse_known_args(argv)
+    args.overrides = rest  # the recipe overrides, which a command named in an error carries
     try:
         overrides = parse_overrides(rest)
         recipe = load_command_recipe(args.recipe, overrides, f"bench {args.command}", f"{prog} {args.command}")

@@ -3,6 +3,7 @@ this machine can time, and the devices the teacher is timed on in PyTorch eager.
 libraries, so that a current benchmark says so at once; resolving a `runtime.device` that may find a GPU imports torch.
 """
 
+from collections.abc import Sequence
 from functools import partial
 
 from edgedistill.bench import BenchError
@@ -42,21 +43,24 @@ def timeable(recipe: Recipe) -> list[str]:
     return [bundle_id for bundle_id, spec in recipe.export.bundles.items() if left_out(spec) is None]
 
 
-def refuse_out_of_date(recipe: Recipe, bundle_ids: list[str]) -> None:
+def refuse_out_of_date(recipe: Recipe, bundle_ids: list[str], recipe_file: str, overrides: Sequence[str]) -> None:
     """`BenchError` naming each of the built bundles `bundle_ids` that is out of date (`export.stages.bundle`'s
     staleness: built with other settings than the recipe's now, or from a student or teacher built again since), which
-    the benchmark would time under the recipe's settings of it, and the command that builds it again."""
+    the benchmark would time under the recipe's settings of it, and the command that builds it again on `recipe_file`
+    with the recipe `overrides` the benchmark was given (make takes none)."""
     stale = {b: why for b in bundle_ids if (why := export_stages.bundle(recipe, b).staleness())}
     if stale:
         whys = "; ".join(f"bundle-{b} ({why})" for b, why in stale.items())
         only = " ".join(f"--only {b}" for b in stale)
+        again = f"edgedistill bundles {recipe_file} {only}"
+        again += ", with those of the overrides given here that it reads; make takes none" if overrides else ""
         raise BenchError(
             f"bundles out of date, whose figures it would record as the recipe's: {whys}; build them first "
-            f"(edgedistill bundles RECIPE {only}; make bundles in a checkout)"
+            f"({again}{'' if overrides else '; make bundles in a checkout'})"
         )
 
 
-def stage(recipe: Recipe) -> Stage:
+def stage(recipe: Recipe, recipe_file: str = "RECIPE", overrides: Sequence[str] = ()) -> Stage:
     """`runs/<recipe>/bench/`: every bundle this machine can time (and that is built) beside the teacher, timed in
     PyTorch eager on `eager_devices`, which the hash covers as resolved: a GPU that `runtime.device=auto` finds or
     loses, or another `runtime.device`, measures again. Before it is built, a bundle out of date is refused
@@ -75,5 +79,5 @@ def stage(recipe: Recipe) -> Stage:
         body("edgedistill.bench.models", devices=devices),
         parents,
         extra={"eager_devices": devices},
-        preflight=partial(refuse_out_of_date, recipe, timed),
+        preflight=partial(refuse_out_of_date, recipe, timed, recipe_file, overrides),
     )

@@ -84,7 +84,7 @@ def test_a_bundle_edited_in_the_recipe_since_it_was_built_is_refused_before_it_i
     status, err = bench_of_stale_bundles(smoke_bundles_copy, monkeypatch, capsys, edited)
     assert status == 2
     assert 'export.bundles.bilstm-fp32.precision "fp32" -> "int8")' in err  # why, among the gates int8 reads
-    assert "(edgedistill bundles RECIPE --only bilstm-fp32; make bundles in a checkout)" in err
+    assert "--only bilstm-fp32, with those of the overrides given here that it reads; make takes none)" in err
     assert not (smoke_bundles_copy / "bench").exists()  # nothing timed, nothing published
 
 
@@ -92,6 +92,14 @@ def test_bundles_whose_student_was_built_again_are_refused_each_named(smoke_bund
     rebuilt(smoke_bundles_copy / "student-bilstm")
     err = bench_of_stale_bundles(smoke_bundles_copy, monkeypatch, capsys)[1]
     assert "bundle-bilstm-fp32 (its parent student-bilstm was built again); bundle-bilstm-int8 (its parent" in err
+
+
+def test_bundles_out_of_date_without_overrides_are_built_again_by_the_command_and_make_named(
+    smoke_bundles_copy, monkeypatch, capsys
+):
+    rebuilt(smoke_bundles_copy / "student-bilstm")
+    err = bench_of_stale_bundles(smoke_bundles_copy, monkeypatch, capsys)[1]
+    assert f"(edgedistill bundles {SMOKE} --only bilstm-fp32 --only bilstm-int8; make bundles in a checkout)" in err
 
 
 @pytest.mark.slow
