@@ -126,7 +126,7 @@ def test_a_student_given_twice_to_only_trains_once(monkeypatch):
     up_to_date = SimpleNamespace(run=lambda force=False: None, parents=())
     monkeypatch.setattr(stages, "transfer", lambda recipe: up_to_date)
     monkeypatch.setattr(pipeline.dist, "run_stage", lambda stage, force: built.append(stage.name))
-    monkeypatch.setattr(pipeline.table, "write", lambda recipe: None)
+    monkeypatch.setattr(pipeline.table, "write", lambda recipe, overrides: None)
     distill_main.main(["distill", str(ROOT / "recipes" / "smoke.yaml"), "--only", "cnn", "--only", "cnn", "--force"])
     assert built == ["student-cnn", "baseline-cnn"]
 
