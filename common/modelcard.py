@@ -10,6 +10,7 @@ and the manifest does not hash it (`manifest.CARD`).
 """
 
 import json
+import shlex
 from pathlib import Path
 
 from edgedistill.common import manifest as mf
@@ -247,8 +248,12 @@ def _usage(recipe: Recipe, stage: str, info: dict) -> list[str]:
             f'logits = model(batch["input_ids"], batch["attention_mask"], {types})',
         ]
     else:
+        bundle = shlex.quote(str(folder))  # one word to the shell, whatever the runs folder's name holds
         served = ["Serve it over gRPC (KServe v2 and the classifier API):", "", "```bash"]
-        served += [f"edgedistill serve --bundle {folder}", f"make serve BUNDLE={folder}  # in a checkout", "```"]
+        served.append(f"edgedistill serve --bundle {bundle}")
+        if bundle == str(folder):  # make splits a path with spaces or quotes into words
+            served.append(f"make serve BUNDLE={bundle}  # in a checkout")
+        served.append("```")
         spec = info.get("bundle", {})
         if spec.get("runtime") != "onnxruntime":  # a cascade, or a TensorRT engine
             return served

@@ -1,3 +1,4 @@
+import shlex
 import subprocess
 import sys
 
@@ -206,6 +207,28 @@ def test_bundle_card_serves_the_bundle_from_its_folder_in_the_runs_folder(recipe
 def test_bundle_card_serves_the_bundle_with_make_from_its_folder_in_the_runs_folder(recipe):
     folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
     assert f"make serve BUNDLE={run_dir(recipe) / 'bundle-bilstm-int8'}  # in a checkout" in _text(recipe, folder)
+
+
+def _shell_words(text: str) -> list[list[str]]:
+    """The words the shell reads in each line of a card's bash block, its comments left out."""
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.splitlines()]
+
+
+@pytest.fixture
+def odd_runs(monkeypatch, tmp_path):
+    """A runs folder whose name holds a space and other characters the shell reads."""
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path / "my runs; it's $HOME"))
+
+
+def test_bundle_card_serves_a_bundle_in_a_runs_folder_with_a_space_as_one_word(recipe, odd_runs):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
+    assert _shell_words(_text(recipe, folder))[0] == ["edgedistill", "serve", "--bundle", str(folder)]
+
+
+def test_bundle_card_names_no_make_line_for_a_runs_folder_with_a_space(recipe, odd_runs):
+    folder = _publish(recipe, "bundle-bilstm-int8", {"dev_accuracy": 0.8, "agreement": 0.99}, _bundle_info())
+    assert "make serve" not in _text(recipe, folder)
 
 
 def test_bundle_card_opens_the_model_file_in_the_runs_folder(recipe):
