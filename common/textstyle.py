@@ -34,8 +34,9 @@ def _abbreviation(words: tuple[str, ...]) -> str:
 
 
 # A double quote as PTB's tokenizer (and so SST-2) writes it: `` where it opens (at the start, after whitespace or an
-# opening bracket), '' where it closes.
+# opening bracket), '' where it closes. A curly one says which it is; a curly single quote reads as a straight one.
 _OPENING_QUOTE = re.compile(r'(?<![^\s(\[{])"')
+_CURLY_QUOTES = str.maketrans({"\u201c": " `` ", "\u201d": " '' ", "\u2018": "'", "\u2019": "'"})
 # An abbreviation is kept whole; "..." and a run of ! and ? ("?!") stay one token; . and , between digits stay inside
 # numbers ("3.5", "1,000"). The lookahead, which every alternative starts with, lets the regex engine skip the other
 # characters fast.
@@ -62,7 +63,7 @@ def tokenise(text: str) -> str:
     # Accents composed, as the data is written: to the clitic rule a decomposed accent is a mark, not a letter, so a
     # client's "xe\u0301n't" would keep its "n't" where "x\u00e9n't" is split.
     text = unicodedata.normalize("NFC", text)
-    text = html.unescape(without_markup(text)).lower().replace("\u2019", "'").replace("\u2018", "'")
+    text = html.unescape(without_markup(text)).lower().translate(_CURLY_QUOTES)
     if '"' in text:
         text = _OPENING_QUOTE.sub(" `` ", text).replace('"', " '' ")
     if "'" in text:  # every clitic holds one

@@ -55,6 +55,31 @@ def test_tokenise_writes_a_double_quote_as_ptb_opening_or_closing_quote(raw, exp
     assert tokenise(raw) == expected
 
 
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("\u201cHello,\u201d she said.", "`` hello , '' she said ."),
+        ("He said \u201cGo.\u201d", "he said `` go . ''"),
+        ("a ( \u201cquoted\u201d ) word", "a ( `` quoted '' ) word"),
+        ("\u201cthe end \u201d she said", "`` the end '' she said"),
+    ],
+)
+def test_tokenise_writes_a_curly_double_quote_as_the_ptb_quote_of_its_direction(raw, expected):
+    assert tokenise(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("curly", "straight"),
+    [
+        ("\u201cHello,\u201d she said.", '"Hello," she said.'),
+        ("I don\u2019t know", "I don't know"),
+        ("the \u2018best\u2019 one", "the 'best' one"),
+    ],
+)
+def test_tokenise_reads_curly_quotes_as_straight_ones(curly, straight):
+    assert tokenise(curly) == tokenise(straight)
+
+
 @pytest.mark.parametrize("clitic", textstyle.CLITICS)
 def test_tokenise_splits_each_clitic_from_its_word(clitic):
     assert tokenise(f"They{clitic} here") == f"they {clitic} here"
