@@ -224,11 +224,16 @@ def test_a_japanese_sentence_counts_each_character_as_a_word():
             ["it was ( really great . )", "and then it ended ."],
         ),
         ("he said `` go home now . '' then he left .", "ptb_lower", ["he said `` go home now . ''", "then he left ."]),
-        ("彼は「楽しかった。」と言った。", "raw", ["彼は「楽しかった。」", "と言った。"]),
+        ("映画を見た（とても良かった。）", "raw", ["映画を見た（とても良かった。）"]),
+        ("「本当に良かった。」【感想】次も見たい。", "raw", ["「本当に良かった。」", "【感想】次も見たい。"]),
     ],
 )
 def test_a_closing_quote_or_bracket_after_a_sentence_end_stays_with_its_sentence(raw, style, sentences):
     assert split_sentences(raw, style) == sentences
+
+
+def test_chinese_or_japanese_straight_after_a_closer_goes_on_with_its_sentence():
+    assert split_sentences("彼は「楽しかった。」と言った。", "raw") == ["彼は「楽しかった。」と言った。"]
 
 
 def test_a_quote_ending_in_a_stop_before_a_lower_case_word_stays_in_its_sentence():
