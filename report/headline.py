@@ -14,6 +14,7 @@ gain are shown by the distillation table's rule: while that table is of the arti
 """
 
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -305,12 +306,13 @@ def headline(recipe: Recipe, recipe_path: str, overrides: Sequence[str] = ()) ->
         lines.append(f"report: {root / 'report' / 'index.html'}")
     if (bundle / mf.MANIFEST).is_file():
         command, body = CALL[recipe.data.pairs]
+        made = plan.for_make(bundle)  # make serves and bakes the bundle named, whatever recipe overrides chose it
         lines += [
             f"bundle: {bundle}",
-            f"serve it:  edgedistill serve --bundle {bundle}   (in a checkout: make serve RECIPE={recipe_path})",
+            f"serve it:  edgedistill serve --bundle {shlex.quote(str(bundle))}   (in a checkout: make serve BUNDLE={made})",
             f"call it:   {command}",
             f"           grpcurl -plaintext -d '{body}' localhost:50051 edgedistill.v1.Classifier/Classify",
-            f"container: make image BAKE=1 RECIPE={recipe_path}   (in a checkout)",
+            f"container: make image BAKE=1 BUNDLE={made}   (in a checkout)",
         ]
     return lines
 

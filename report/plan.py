@@ -1,6 +1,7 @@
 """The artifact folders `make all` (or `edgedistill all`) writes for a recipe, each with the target that builds it:
 a make target in a checkout, the edgedistill commands it runs where the package is installed (`Target`)."""
 
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,8 @@ from edgedistill.common.recipe import Recipe
 from edgedistill.common.sections import loadtest
 
 from edgedistill.cli import taken
+
+CHECKOUT = Path(__file__).resolve().parents[1]  # the checkout's top folder, where edgedistill runs from one
 
 
 class Target(NamedTuple):
@@ -75,11 +78,18 @@ def command_line(targets: tuple[Target, ...], recipe: str, overrides: Sequence[s
 
 
 def in_checkout(targets: tuple[Target, ...], recipe: str, overrides: Sequence[str] = ()) -> str:
-    """`in a checkout, <the make command line>`; with recipe `overrides`, that the same commands run there: make
-    passes them to no target, whose prerequisites would build again without them."""
+    """`in a checkout, <the make command line>` (`for_make`); with recipe `overrides`, that the same commands run there:
+    make passes them to no target, whose prerequisites would build again without them."""
     if overrides:
         return "the same in a checkout, where make takes no recipe overrides"
-    return f"in a checkout, {make_line(targets, recipe)}"
+    return f"in a checkout, {make_line(targets, for_make(recipe))}"
+
+
+def for_make(path: str | Path) -> str:
+    """`path`, relative to the working directory or absolute, as make reads it in the checkout's top folder, quoted for
+    the shell: as given where that is the working directory, else absolute."""
+    here = Path.cwd().resolve() == CHECKOUT
+    return shlex.quote(str(path) if here or Path(path).is_absolute() else os.path.abspath(path))
 
 
 def make_line(targets: tuple[Target, ...], recipe: str | None = None) -> str:

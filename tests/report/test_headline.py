@@ -38,6 +38,12 @@ def tabled(recipe, out_of_date: dict[str, str] | None = None) -> None:
     summary.write(root, [{"student": "teacher"}, *({"student": n, "out_of_date": marks.get(n)} for n in names)])
 
 
+@pytest.fixture(autouse=True)
+def at_the_checkouts_top(monkeypatch):
+    """Where make runs: the make lines name relative paths as given there (`report.plan.for_make`)."""
+    monkeypatch.chdir(ROOT)
+
+
 @pytest.fixture
 def recipe(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
@@ -399,7 +405,7 @@ def test_the_serve_line_gives_the_installed_command_and_make_only_for_a_checkout
     bundle = run_dir(recipe) / f"bundle-{recipe.export.deploy}"
     publish(bundle, {})
     assert (
-        f"serve it:  edgedistill serve --bundle {bundle}   (in a checkout: make serve RECIPE=recipes/smoke.yaml)"
+        f"serve it:  edgedistill serve --bundle {bundle}   (in a checkout: make serve BUNDLE={bundle})"
         in headline.headline(recipe, "recipes/smoke.yaml")
     )
 
@@ -407,6 +413,37 @@ def test_the_serve_line_gives_the_installed_command_and_make_only_for_a_checkout
 def test_the_container_line_says_it_needs_a_checkout(recipe):
     publish(run_dir(recipe) / f"bundle-{recipe.export.deploy}", {})
     assert headline.headline(recipe, "recipes/smoke.yaml")[-1].endswith("(in a checkout)")
+
+
+def deployed_by_override_lines(tmp_path, monkeypatch) -> list[str]:
+    """The headline, given an override of the deployed bundle, of a smoke run where that bundle is built."""
+    deploy = "--export.deploy=cnn-int8"  # the smoke recipe deploys bilstm-int8
+    recipe = smoke_with(tmp_path, monkeypatch, deploy)
+    publish(run_dir(recipe) / "bundle-cnn-int8", {})
+    return headline.headline(recipe, SMOKE, [deploy])
+
+
+def test_the_serve_line_given_an_override_of_the_deployed_bundle_makes_that_bundle(tmp_path, monkeypatch):
+    bundle = tmp_path / "smoke" / "bundle-cnn-int8"
+    assert f"(in a checkout: make serve BUNDLE={bundle})" in deployed_by_override_lines(tmp_path, monkeypatch)[-4]
+
+
+def test_the_container_line_given_an_override_of_the_deployed_bundle_bakes_that_bundle(tmp_path, monkeypatch):
+    bundle = tmp_path / "smoke" / "bundle-cnn-int8"
+    assert deployed_by_override_lines(tmp_path, monkeypatch)[-1] == (
+        f"container: make image BAKE=1 BUNDLE={bundle}   (in a checkout)"
+    )
+
+
+def test_the_serve_line_run_outside_the_checkouts_top_folder_makes_the_bundle_by_its_absolute_path(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    recipe = smoke_with(tmp_path, monkeypatch)
+    monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", "runs")  # as the default: relative to the working directory
+    publish(run_dir(recipe) / f"bundle-{recipe.export.deploy}", {})
+    bundle = tmp_path / "runs" / "smoke" / f"bundle-{recipe.export.deploy}"
+    assert f"(in a checkout: make serve BUNDLE={bundle})" in headline.headline(recipe, SMOKE)[-4]
 
 
 def test_call_lines_of_a_pair_task_send_a_pair(tmp_path, monkeypatch):

@@ -20,6 +20,12 @@ TARGETS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def at_the_checkouts_top(monkeypatch):
+    """Where make runs: the make lines name relative paths as given there (`plan.for_make`)."""
+    monkeypatch.chdir(ROOT)
+
+
 def made(tmp_path, target: plan.Target) -> list[list[str]]:
     """The words of the last commands `make -n` runs for `target` (its own, after its prerequisites'), with the
     binary's path as its name and the deployed bundle's option, which the commands take by default, left out."""
@@ -74,6 +80,20 @@ def test_a_load_test_is_named_with_the_recipe_overrides_of_its_own_profile():
 def test_an_override_value_is_quoted_for_the_shell():
     labels = "--data.label_names=[negative, positive]"
     assert shlex.split(plan.command_line((plan.Target("teacher"),), SMOKE, [labels]))[-1] == labels
+
+
+def test_a_make_line_given_a_recipe_outside_the_checkouts_top_folder_names_it_by_its_absolute_path(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    assert plan.in_checkout(plan.DISTILL, "mine.yaml") == (
+        f"in a checkout, make distill RECIPE={shlex.quote(str(tmp_path / 'mine.yaml'))}"
+    )
+
+
+def test_a_path_for_make_is_quoted_for_the_shell(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert shlex.split(plan.for_make("my runs/bundle-a")) == [str(tmp_path / "my runs" / "bundle-a")]
 
 
 def test_a_rerun_with_recipe_overrides_gives_no_make_line_which_would_drop_them():
