@@ -702,13 +702,15 @@ def _closest(path: Path) -> str:
 
 _FLOW_VARIABLE = "inside {...} or [...], quote a value that holds ${NAME}, whose { YAML reads as a mapping's"
 _FLOW_EXAMPLE = '["${EDGEDISTILL_DATA_DIR}/file.txt"]'
-_QUOTED = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^']|'')*'""")  # a YAML quoted scalar, which may hold `${` and brackets
-_COMMENT = re.compile(r"(?:^|\s)#.*$", re.MULTILINE)  # a YAML comment, once quoted scalars are out of the way
+# In one left-to-right scan, so that a `'` in a comment opens no string and a `#` in a string starts no comment: a
+# YAML quoted scalar (which may hold `${` and brackets; `''` escapes a `'`), which opens where a value may start, not
+# within a word (SST-2's), or a comment, which starts a line or follows a space.
+_QUOTED_OR_COMMENT = re.compile(r"""(?<![^\s\[{,:])("(?:[^"\\]|\\[\s\S])*"|'(?:[^']|'')*')|(?<!\S)#[^\n]*""")
 
 
 def _variable_in_flow(text: str) -> bool:
     """Whether `text` (a recipe's lines, an override's value) holds `${` unquoted inside `{...}` or `[...]`."""
-    bare = _COMMENT.sub("", _QUOTED.sub('""', text))
+    bare = _QUOTED_OR_COMMENT.sub(lambda found: '""' if found[1] else "", text)
     for variable in re.finditer(r"\$\{", bare):
         before = _VAR.sub("", bare[: variable.start()])  # the braces of a `${NAME}` open no mapping
         if before.count("{") + before.count("[") > before.count("}") + before.count("]"):

@@ -1063,6 +1063,37 @@ def test_an_unquoted_variable_inside_brackets_over_several_lines_says_to_quote_i
         load_recipe(write(tmp_path, text))
 
 
+def test_apostrophes_in_comments_open_no_string_that_hides_an_unquoted_variable(tmp_path):
+    text = (
+        MINIMAL
+        + "transfer:\n  text_style: ptb  # SST-2's style\n  unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]  # the reviews' file\n"
+    )
+    with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
+        load_recipe(write(tmp_path, text))
+
+
+def test_an_apostrophe_within_a_word_opens_no_string_that_hides_an_unquoted_variable(tmp_path):
+    text = (
+        MINIMAL
+        + "report: {title: SST-2's run}\ntransfer: {unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]}  # reviews'\n"
+    )
+    with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
+        load_recipe(write(tmp_path, text))
+
+
+def test_a_hash_in_a_quoted_string_starts_no_comment_that_hides_an_unquoted_variable(tmp_path):
+    text = MINIMAL + "transfer: {note: 'run #2', unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]}\n"
+    with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
+        load_recipe(write(tmp_path, text))
+
+
+def test_an_escaped_quote_in_a_quoted_string_ends_no_string_so_its_brackets_count_for_nothing(tmp_path):
+    text = MINIMAL + "transfer: {note: 'it''s [${EDGEDISTILL_DATA_DIR}', unlabelled_files: !replace [a]}\n"
+    with pytest.raises(RecipeError, match=r"!replace marks a mapping") as refused:
+        load_recipe(write(tmp_path, text))
+    assert "quote a value" not in str(refused.value)
+
+
 def test_invalid_yaml_beside_a_quoted_variable_gets_no_hint_about_variables(tmp_path):
     text = MINIMAL + 'transfer: {unlabelled_files: !replace ["${EDGEDISTILL_DATA_DIR}/u.txt"]}\n'
     with pytest.raises(RecipeError, match=r"!replace marks a mapping") as refused:
