@@ -365,14 +365,7 @@ class DynamicBatcher:
         try:
             outputs = await request.future
         except asyncio.CancelledError as err:  # gRPC cancels the call at its deadline, often before `_expire` sees it
-            now = loop.time()
-            if self._grace_end is not None and now >= self._grace_end:  # cut by the shutdown, not the client
-                self._drop(request, DropReason.CLOSED)
-            elif err.args[:1] == (ENDED_BY_SERVER,):
-                self._drop(request, DropReason.ENDED)
-            else:
-                late = deadline is not None and deadline - DEADLINE_SLACK_S <= now
-                self._drop(request, DropReason.DEADLINE if late else DropReason.CANCELLED)
+            self._drop(request, self._cancel_reason(err, deadline, loop.time()))
             raise
         return BatchResult(outputs, request.started - request.enqueued)
 
@@ -395,6 +388,17 @@ class DynamicBatcher:
         self.observer.request_done(0.0)
         return BatchResult(dict(outputs), 0.0)
 
+    def _cancel_reason(self, err: asyncio.CancelledError, deadline: float | None, now: float) -> DropReason:
+        """Why the queued rows of a request cancelled with `err` at loop time `now` are dropped: for the shutdown once
+        its grace has run out, not for the client; for the server's ending of its call; for its `deadline` when it is at
+        most `DEADLINE_SLACK_S` away; else for its client."""
+        if self._grace_end is not None and now >= self._grace_end:
+            return DropReason.CLOSED
+        if err.args[:1] == (ENDED_BY_SERVER,):
+            return DropReason.ENDED
+        late = deadline is not None and deadline - DEADLINE_SLACK_S <= now
+        return DropReason.DEADLINE if late else DropReason.CANCELLED
+
     def _drop(self, request: _Request, reason: DropReason) -> None:
         """Remove `request`'s queued rows, if any, counted as dropped for `reason`."""
         if rows := self._pending.pop(request, None):
@@ -416,7 +420,14 @@ class DynamicBatcher:
                 request.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
 
     def _fail_all(self, err: Exception, reason: DropReason) -> None:
-        """Fail every request queued or in a running batch with `err`; the queued rows count as dropped for `reason`."""
+        """Fail every request queued or in a running batch with `err`; the queued rows count as dropped for `reason`,
+        but those of a request cancelled in this step, its task not yet woken to drop them, for its cancellation."""
+        now = asyncio.get_running_loop().time()
+        for request in [request for request in self._pending if request.future.cancelled()]:
+            try:
+                request.future.result()
+            except asyncio.CancelledError as cancelled:  # the error its task will be woken with
+                self._drop(request, self._cancel_reason(cancelled, request.deadline, now))
         requests = {*self._pending, *(row.request for batch in self._running for row in batch)}
         if self._queued:
             self.observer.rows_dropped(self._queued, reason)

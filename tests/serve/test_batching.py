@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from edgedistill.common.runtime import DeviceError
 from edgedistill.serve.batching import (
+    ENDED_BY_SERVER,
     BatchObserver,
     BatchResult,
     DropReason,
@@ -1018,6 +1019,37 @@ def test_rows_queued_at_a_fault_are_counted_as_dropped_for_the_fault():
 
 def test_rows_queued_when_close_gives_up_are_counted_as_dropped_for_the_close():
     assert dropped_behind_a_hung_call(0.2) == [(3, DropReason.CLOSED)]
+
+
+def cancelled_as_close_gives_up(message: str | None) -> list[tuple[int, DropReason]]:
+    """The drops a batcher reports when `close` gives up on its queue behind a hung call in the step in which a queued
+    request of 2 rows was cancelled with `message`, its task not yet woken to drop them. The request's coroutine is
+    stepped here as its task would step it: cancelling a task cancels the future it waits on at once, and wakes the
+    task in a later step."""
+    gate, observer = threading.Event(), Recorder()
+    backend = FakeBackend(gate=gate)
+
+    async def main():
+        b, held = await hung_in_its_call(backend, max_batch_size=1, observer=observer)
+        client = b.submit([row(2), row(3)])
+        client.send(None).cancel(message)  # queued: the future its task waits on, cancelled
+        await b.close(timeout=0)
+        with pytest.raises(asyncio.CancelledError):
+            client.throw(asyncio.CancelledError(message))  # its task woken, after the close
+        await asyncio.gather(held, return_exceptions=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+    return observer.dropped
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"), [(None, DropReason.CANCELLED), (ENDED_BY_SERVER, DropReason.ENDED)], ids=["client", "server"]
+)
+def test_rows_cancelled_in_the_step_close_gives_up_are_counted_for_their_cancellation_not_the_close(message, reason):
+    assert cancelled_as_close_gives_up(message) == [(2, reason)]
 
 
 def test_close_gives_up_on_a_hung_batch_at_its_time_limit():
