@@ -39,12 +39,11 @@ def glibc_limit_set() -> bool:
     return bool(given)
 
 
-def limit_arenas(count: int | None) -> int | None:
-    """Let glibc's malloc use at most `count` arenas from now on (None: DEFAULT_ARENAS where the C library is glibc
-    and glibc's own settings set no limit, `glibc_limit_set`; 0: glibc's default); the limit set, or None. Must run
-    before the threads start that would take arenas of their own. Raises OSError for a count where the C library is
-    not glibc, and `SettingsError` for a glibc setting not written as a positive decimal number, where `count` is
-    None."""
+def arena_limit(count: int | None) -> int | None:
+    """The arena limit that MALLOC_ARENAS=`count` asks of glibc's malloc (None: DEFAULT_ARENAS where the C library is
+    glibc and glibc's own settings set no limit, `glibc_limit_set`; 0: glibc's default); None for none. Raises OSError
+    for a count where the C library is not glibc, and `SettingsError` for a glibc setting not written as a positive
+    decimal number, where `count` is None."""
     if count == 0:
         return None
     if platform.libc_ver()[0] != "glibc":
@@ -53,8 +52,16 @@ def limit_arenas(count: int | None) -> int | None:
         raise OSError(f"MALLOC_ARENAS={count} needs glibc's malloc; this C library is not glibc (set it to 0)")
     if count is None and glibc_limit_set():
         return None
-    count = DEFAULT_ARENAS if count is None else count
+    return DEFAULT_ARENAS if count is None else count
+
+
+def limit_arenas(count: int | None) -> int | None:
+    """Let glibc's malloc use at most `arena_limit(count)` arenas from now on; the limit set, or None. Must run before
+    the threads start that would take arenas of their own."""
+    limit = arena_limit(count)
+    if limit is None:
+        return None
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    if libc.mallopt(M_ARENA_MAX, count) != 1:
-        raise OSError(f"glibc refused mallopt(M_ARENA_MAX, {count})")
-    return count
+    if libc.mallopt(M_ARENA_MAX, limit) != 1:
+        raise OSError(f"glibc refused mallopt(M_ARENA_MAX, {limit})")
+    return limit

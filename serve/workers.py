@@ -45,6 +45,7 @@ from edgedistill.common.machine import affinity_cores, usable_cores, usable_memo
 from edgedistill.common.processes import die_with_parent, python_module, shell_status
 from edgedistill.serve.errors import BundleRejected
 from edgedistill.serve.exposition import WorkerFiles, serve_http, stop_http, workers_registry
+from edgedistill.serve.malloc import arena_limit
 from edgedistill.serve.ports import reserve_port
 from edgedistill.serve.settings import Settings, SettingsError
 
@@ -573,8 +574,10 @@ class Supervisor:
 
 def supervise(settings: Settings, argv: list[str], count: int, models: ServedModels) -> int:
     """Run `count` workers of `python -m serve` with the flags `argv` (and the bundle's `models`, as read at start);
-    the exit status (see the module doc). `SettingsError` for a RELOAD_ROOT, which no worker could use: a Reload call
-    naming a bundle reaches one."""
+    the exit status (see the module doc). Refused before any worker starts: a malloc arena limit that every worker
+    would refuse (`arena_limit`: `SettingsError` or OSError), told once rather than by each; a RELOAD_ROOT
+    (`SettingsError`), which no worker could use: a Reload call naming a bundle reaches one."""
+    arena_limit(settings.malloc_arenas)
     if settings.reload_root is not None:
         raise SettingsError(
             f"EDGEDISTILL_RELOAD_ROOT lets a Reload call name a bundle, which a server of {count} workers "

@@ -35,6 +35,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tests.conftest import run_here, wait_until
 from tests.serve import conftest
 from tests.serve.conftest import ROOT, serve_command, subprocess_env, write_bundle, write_engine
+from tests.serve.test_malloc import glibc_only
 from tests.serve.test_operations import corrupt, metric
 from tests.serve.test_ports import has_ipv6_loopback
 
@@ -704,6 +705,33 @@ def posing_as_a_worker(request, bundle) -> subprocess.CompletedProcess:
     """A server started with SERVE_SUPERVISOR set by hand, to a value no supervisor sets."""
     environ = subprocess_env(SERVE_SUPERVISOR=request.param)
     return subprocess.run(serve_command(bundle), cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def glibc_limit_not_in_decimal(bundle, tmp_path_factory) -> subprocess.CompletedProcess:
+    """A supervisor of two workers started with MALLOC_ARENA_MAX=08 (octal to glibc, which ignores it), run to its
+    exit."""
+    environ = subprocess_env(
+        EDGEDISTILL_WORKERS="2", MALLOC_ARENA_MAX="08", TMPDIR=str(tmp_path_factory.mktemp("glibc-limit"))
+    )
+    command = serve_command(bundle, "--metrics-port", "0")
+    return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60)
+
+
+@glibc_only
+def test_a_glibc_arena_limit_not_in_decimal_stops_a_supervisor_with_status_2(glibc_limit_not_in_decimal):
+    assert glibc_limit_not_in_decimal.returncode == 2
+
+
+@glibc_only
+def test_a_glibc_arena_limit_not_in_decimal_is_refused_once_for_all_the_workers(glibc_limit_not_in_decimal):
+    assert glibc_limit_not_in_decimal.stderr.count("MALLOC_ARENA_MAX is '08': write a positive whole number") == 1
+
+
+@glibc_only
+def test_a_glibc_arena_limit_not_in_decimal_is_refused_before_any_worker_starts(glibc_limit_not_in_decimal):
+    events = [json.loads(line).get("event") for line in glibc_limit_not_in_decimal.stderr.splitlines()]
+    assert "worker_started" not in events
 
 
 def test_a_supervisor_variable_set_by_hand_exits_2(posing_as_a_worker):
