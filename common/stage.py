@@ -298,9 +298,13 @@ class Stage:
     def lock(self) -> Iterator[None]:
         """The stage's lock (`common.locks`): one process at a time checks and builds it. Once it is held, what a
         publish killed half-way left is put back, even where nothing is built now, and before any process (under
-        torchrun any rank, `distill.dist.run_stage`) decides whether to build."""
+        torchrun any rank, `distill.dist.run_stage`) decides whether to build. A work folder holding a manifest is
+        removed: an artifact published from it (`Built.write` None), or the one it replaced, by a run killed before
+        it removed the folder; no build resumes from one."""
         with locks.exclusive(self.work.with_name(f"{self.name}.lock"), self.name):
             remove_orphans(self.folder, locked=True)
+            if (self.work / mf.MANIFEST).is_file():
+                shutil.rmtree(self.work, ignore_errors=True)
             yield
 
     def run(self, force: bool = False) -> mf.Manifest | None:

@@ -521,6 +521,18 @@ def test_the_work_folder_is_removed_once_published(recipe):
     assert not stage.work.exists()
 
 
+def test_a_work_folder_a_killed_publish_left_holding_an_artifact_is_removed_by_the_next_run(recipe):
+    def build(inputs):
+        (inputs.fresh_work() / "model.bin").write_text("v1")
+        return Built(None)
+
+    stage = Stage("up", recipe(), ("data",), build)
+    stage.run()
+    shutil.copytree(stage.folder, stage.work)  # the old artifact, swapped into the work folder's name
+    stage.run()
+    assert not stage.work.exists()
+
+
 class _FailingTracker(tracking.Tracker):
     def log_final(self, metrics: dict) -> None:
         raise OSError("tracking store unreachable")
