@@ -177,7 +177,7 @@ def write_changed(path: str | Path, text: str) -> Path:
     """`atomic_write` of `text`, skipped where `path` holds it already: a summary of stages that are all current
     leaves a read-only runs folder as it is."""
     path = Path(path)
-    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
+    if not (path.is_file() and path.read_bytes() == text.encode("utf-8")):  # a file not in UTF-8 differs too
         atomic_write(path, text)
     return path
 

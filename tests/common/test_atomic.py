@@ -346,3 +346,9 @@ def test_a_changed_text_is_written(tmp_path):
     summary = atomic_write(tmp_path / "summary.md", "old\n")
     write_changed(summary, "new\n")
     assert summary.read_text() == "new\n"
+
+
+def test_a_file_not_in_utf8_is_written_over(tmp_path):
+    summary = atomic_write(tmp_path / "summary.md", b"\xff\xfe damaged")
+    write_changed(summary, "new\n")
+    assert summary.read_text() == "new\n"
