@@ -366,6 +366,17 @@ def test_the_compose_workers_follow_its_cpu_limit(monkeypatch):
     assert compose_workers(compose_service({"SERVE_CPUS": "1"}), monkeypatch) == 1, "a worker per CPU of the limit"
 
 
+@pytest.mark.parametrize(
+    "shell", [{}, {"SERVE_CPUS": "2", "SERVE_MEMORY": "1g"}, {"SERVE_CPUS": "4", "SERVE_MEMORY": "2g"}]
+)
+def test_the_compose_workers_threads_use_every_cpu_of_its_limit(shell, monkeypatch):
+    service = compose_service(shell)
+    count = compose_workers(service, monkeypatch)
+    monkeypatch.setattr(workers, "affinity_cores", lambda: 64)  # the host's cores, above the container's quota
+    threads = workers.intra_op_threads(compose_settings(service).threads, count)
+    assert count * threads == int(float(service["deploy"]["resources"]["limits"]["cpus"]))
+
+
 def test_the_compose_files_shell_variables_are_none_of_the_servers():
     """An EDGEDISTILL_* variable that is no setting stops the server (and the pipeline) where that shell runs them."""
     known = {f"EDGEDISTILL_{name.upper()}" for name in Settings.model_fields}
