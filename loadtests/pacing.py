@@ -4,16 +4,19 @@ locust's constant_throughput anchors each user's schedule where the user was cre
 wait comes up short, so users spawned together (or delayed together by a busy moment of the locust process) call in
 step, and the server sees bursts of all of them at once instead of a steady rate. Here a user keeps its phase, and
 since locust runs a user's first task as soon as the user starts, the user waits for its phase before that one too.
+The schedule starts when the user does, before it connects, as the plan counts a stage's calls as offered from its
+start: calls due while the server is slow to accept the connection are sent late, or counted unsent, as those held up
+by a call are.
 
 The schedule is open: a user whose task overran the start times after it (a call the server held) starts the tasks
 due meanwhile at once, one after another, as clients calling on schedule would have sent them, and passes how late
 each started to its calls' request events (`loadtests.recorder.LATE_KEY` in their context), so that their latency
 counts from their due time as well as from their send. Skipping those start times instead would send fewer calls
 and leave the wait out of every latency: a server that stalls would pass. A user that locust stops while still
-behind (held up by a call at the end of the schedule, or removed at a spike's end) reports each task due before then
-that it never started as a request event of `loadtests.recorder.NotSent`, late by how long before the user stopped
-it was due: counted as unsent (not as a failed call: the server never saw it) and timed from its due time, so that a
-server that stalls at the end misses the rate share and the p99.
+behind (held up by its connection or by a call at the end of the schedule, or removed at a spike's end) reports each
+task due before then that it never started as a request event of `loadtests.recorder.NotSent`, late by how long
+before the user stopped it was due: counted as unsent (not as a failed call: the server never saw it) and timed from
+its due time, so that a server that stalls at the end misses the rate share and the p99.
 """
 
 import itertools
@@ -38,6 +41,9 @@ class PacedUser(User):
     schedule_s: float | None = None
     """Seconds into the run's shape (`environment.shape_class`) at which the schedule ends: no task due later starts.
     None: no end."""
+    first_due: float | None = None
+    """When the first task is due (`time.perf_counter`): the user's start, before it connects, plus its phase; None
+    until `on_start`."""
     next_start: float | None = None
     """When the next task is due (`time.perf_counter`); None until the first wait."""
     late_s: float = 0.0
@@ -46,14 +52,15 @@ class PacedUser(User):
     """When locust asked the user to stop (`time.perf_counter`): no task due later is owed."""
 
     def on_start(self):
-        """Start as the classes after this one do (a `GrpcUser` connects), then wait for the phase."""
+        """Draw the phase, start as the classes after this one do (a `GrpcUser` connects), then wait for the phase."""
+        self.first_due = time.perf_counter() + random.random() / self.user_rate
         super().on_start()
         self.wait()  # a wait locust can end, as it ends the user's later waits, where a sleep would hold the stop
 
     def wait_time(self) -> float:
         interval = 1 / self.user_rate
         now = time.perf_counter()
-        due = now + random.random() * interval if self.next_start is None else self.next_start + interval
+        due = self.first_due if self.next_start is None else self.next_start + interval
         self.next_start = due
         self.late_s = max(0.0, now - due)
         if due >= self.schedule_end(now):
@@ -80,13 +87,12 @@ class PacedUser(User):
     def report_unsent(self) -> None:
         """One request event of `NotSent` (as UNSENT_NAME) per task due before the user stopped that never started,
         its lateness (`LATE_KEY`) how long before now it was due: a client on schedule would have waited that long."""
-        if self.next_start is None:  # stopped before its first wait: no schedule yet
+        first = self.first_unsent()
+        if first is None:  # stopped before it started: no schedule yet
             return
         now = time.perf_counter()
         end = min(self.schedule_end(now), now if self.stop_asked is None else self.stop_asked)
         interval = 1 / self.user_rate
-        # stopped in its wait, the task due at next_start never started; else that task ran (or runs: a forced stop)
-        first = self.next_start if self._state == LOCUST_STATE_WAITING else self.next_start + interval
         for due in itertools.takewhile(lambda due: due < end, (first + k * interval for k in itertools.count())):
             self.environment.events.request.fire(
                 request_type="paced",
@@ -96,8 +102,15 @@ class PacedUser(User):
                 response=None,
                 # read at each event, as the recorder stamps each, so that the due time it gives back is this one
                 context=self.context() | {LATE_KEY: (time.perf_counter() - due) * 1000, DUE_KEY: due},
-                exception=NotSent("due before the user stopped, held up by a call before it"),
+                exception=NotSent("due before the user stopped, held up by its connection or a call before it"),
             )
+
+    def first_unsent(self) -> float | None:
+        """When the first task that never started was due (`time.perf_counter`); None before `on_start`."""
+        if self.next_start is None:  # stopped before its first wait (while connecting): no task started
+            return self.first_due
+        # stopped in its wait, the task due at next_start never started; else that task ran (or runs: a forced stop)
+        return self.next_start if self._state == LOCUST_STATE_WAITING else self.next_start + 1 / self.user_rate
 
     def context(self) -> dict:
         """The request events' context of the current task's calls: how late (ms) the task started, and when it was

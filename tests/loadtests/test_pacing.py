@@ -1,6 +1,6 @@
 """Paced users spawned together make their first calls at their own phases, not in a burst at the start; a user held up
-by a stalled call sends the calls due meanwhile, and their latency counts from their due time; one still held up when
-locust stops it counts the calls it never sent as unsent.
+by a stalled call, or by a server slow to answer its connection, sends the calls due meanwhile, and their latency counts
+from their due time; one still held up when locust stops it counts the calls it never sent as unsent.
 
 locust monkey-patches the process with gevent on import, so the users run in a child process.
 """
@@ -33,15 +33,14 @@ from locust import task
 from locust.env import Environment
 from edgedistill.loadtests.pacing import PacedUser
 
-first = {{}}  # user -> (when its first task started, when it was due, when its schedule was drawn)
+first = {{}}  # user -> (when its first task started, when it was due, when it started)
 
 class Recording(PacedUser):
     user_rate = {1 / INTERVAL_S}
-    drawn = None
 
-    def wait_time(self):
-        self.drawn = self.drawn or time.perf_counter()  # the first wait draws the schedule's phase
-        return super().wait_time()
+    def on_start(self):
+        self.drawn = time.perf_counter()  # the schedule starts with the user
+        super().on_start()
 
     @task
     def call(self):
@@ -58,8 +57,8 @@ print(json.dumps(sorted((called - started, due - drawn, called - due) for called
 
 @pytest.fixture(scope="module")
 def first_calls() -> list[list[float]]:
-    """Each user's first call, in order: (seconds from the spawn to it, from when its schedule was drawn to its due time,
-    from its due time to it)."""
+    """Each user's first call, in order: (seconds from the spawn to it, from the user's start to its due time, from its due
+    time to it)."""
     result = subprocess.run(
         [sys.executable, "-c", RUN], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60
     )
@@ -71,7 +70,7 @@ def test_every_user_makes_a_first_call(first_calls):
     assert len(first_calls) == USERS
 
 
-def test_every_user_s_first_call_is_due_within_one_interval_of_its_first_wait(first_calls):
+def test_every_user_s_first_call_is_due_within_one_interval_of_its_start(first_calls):
     # its schedule, not the wall clock: a stall of the machine delays a call past its due time but moves no due time
     # (timed from the spawn, a 0.25 s stall failed it)
     assert [phase for _, phase, _ in first_calls if not 0 <= phase < INTERVAL_S] == []
@@ -96,6 +95,8 @@ STALL_AT = 40  # the server holds its 40th health check, about two seconds in
 END_RATE = 50.0  # calls/s
 END_RUN_S = 4.0  # 200 calls; locust's shape stops the user at 4 or 5 s, while the stalled call still runs
 END_STALL_AT = 175  # about 3.5 s in, the stalled call alone under 1 % of those sent before it
+CONNECT_RUN_S = 5.0  # 100 calls, the 50 due while the server holds the connection among them
+STOPPED_CONNECTING_RUN_S = 2.0  # 40 calls, all due before the server answers the connection, at STALL_S
 STOP_TIMEOUT_S = 10  # as the runner's --stop-timeout: a user stopped in a call finishes it
 SLOW_P99_MS = 1000.0  # far over loopback calls on a busy machine, far under the calls held behind the stall
 STALLED = """
@@ -196,6 +197,19 @@ def stalled_at_the_end(tmp_path_factory) -> dict:
     return run_stalled(folder, END_RATE, END_RUN_S, END_STALL_AT, STOP_TIMEOUT_S)[1]
 
 
+@pytest.fixture(scope="module")
+def slow_to_connect(tmp_path_factory) -> dict:
+    """The result of a paced user whose connection the server answers STALL_S late, then calls on time."""
+    return run_stalled(tmp_path_factory.mktemp("slow-to-connect"), STALL_RATE, CONNECT_RUN_S, 1, stop_timeout=0)[1]
+
+
+@pytest.fixture(scope="module")
+def stopped_connecting(tmp_path_factory) -> dict:
+    """The result of a paced user still waiting for the server to answer its connection when locust stops it."""
+    folder = tmp_path_factory.mktemp("stopped-connecting")
+    return run_stalled(folder, STALL_RATE, STOPPED_CONNECTING_RUN_S, 1, stop_timeout=0)[1]
+
+
 def test_a_server_that_stalls_once_misses_the_p99_timed_from_the_due_time(stalled):
     _, built = stalled
     assert next(c for c in built["checks"] if c["name"] == "p99_from_due_ms")["passed"] is False
@@ -204,8 +218,7 @@ def test_a_server_that_stalls_once_misses_the_p99_timed_from_the_due_time(stalle
 @pytest.mark.serial  # a bound on time: a loaded machine sends fewer calls in the run
 def test_a_user_held_up_by_a_stalled_call_sends_the_calls_due_meanwhile(stalled):
     _, built = stalled
-    # less the calls connecting and the first phase take; skipping the 50 calls due during the stall would leave
-    # about 140
+    # less the first phase; skipping the 50 calls due during the stall would leave about 140
     assert built["overall"]["requests"] >= 0.9 * STALL_RATE * STALL_RUN_S, built["overall"]
 
 
@@ -237,3 +250,15 @@ def test_a_server_that_stalls_at_the_end_keeps_an_error_rate_of_zero(stalled_at_
 def test_a_server_that_stalls_at_the_end_misses_the_p99_timed_from_the_due_time(stalled_at_the_end):
     # the calls unsent waited 2 s and more from their due time to the user's stop, over 10 % of the calls
     assert next(c for c in stalled_at_the_end["checks"] if c["name"] == "p99_from_due_ms")["passed"] is False
+
+
+def test_calls_due_while_the_user_connects_are_sent_late(slow_to_connect):
+    # about STALL_S * STALL_RATE = 50, less the phase; the schedule starting once connected would leave none late
+    assert slow_to_connect["overall"]["late_calls"] >= STALL_S * STALL_RATE / 2, slow_to_connect["overall"]
+
+
+def test_calls_due_while_the_user_connects_count_as_unsent_when_locust_stops_it_first(stopped_connecting):
+    # about STOPPED_CONNECTING_RUN_S * STALL_RATE = 40, less the phase
+    assert stopped_connecting["overall"]["unsent_calls"] >= STOPPED_CONNECTING_RUN_S * STALL_RATE / 2, (
+        stopped_connecting["overall"]
+    )
