@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -181,6 +182,15 @@ def check_pairs(spec: ServedModel, pairs: list[str] | None) -> None:
         )
 
 
+def _unreadable() -> str:
+    """Advice for a bundle file the server may not open: one written under `umask 077`, mounted into the image, whose
+    user is not its owner."""
+    return (
+        f" (this server runs as uid {os.getuid()}, gid {os.getgid()}: make the bundle readable by it, e.g. "
+        "chmod -R a+rX on its folder)"
+    )
+
+
 class ModelRuntime:
     """One loaded bundle, ready to warm up and serve: its tokenizer and model opened from `files`, the bytes
     verified against its manifest (`ModelRuntime.load` reads them).
@@ -241,12 +251,15 @@ class ModelRuntime:
         except NotABundle as err:  # says which folder to name instead
             raise BundleRejected(f"bundle refused: {err}") from err
         except mf.ArtifactError as err:
+            if isinstance(err.__cause__, PermissionError):
+                raise BundleRejected(f"bundle refused: {err}{_unreadable()}") from err
             built = (Path(folder) / mf.MANIFEST).is_file()  # else the error says what to build
             again = f"; {REBUILD}" if built else ""
             raise BundleRejected(f"bundle refused: {err}{again}") from err
         except OSError as err:  # unreadable (permissions, a file gone since verified), or a name too long to look up
+            denied = _unreadable() if isinstance(err, PermissionError) else ""
             raise BundleRejected(
-                f"bundle refused: cannot read {err.filename or folder}: {err.strerror or err}"
+                f"bundle refused: cannot read {err.filename or folder}: {err.strerror or err}{denied}"
             ) from err
 
     @property

@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -276,6 +277,34 @@ def test_a_corrupted_bundle_is_refused_at_start(tmp_path):
     refusal = json.loads(result.stderr.strip().splitlines()[-1])
     assert refusal["event"] == "start_failed"
     assert "does not match its sha256" in refusal["msg"]
+
+
+# a file mode that denies even root where the DAC capabilities are dropped, as for the image's user
+NO_DAC_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+
+
+@pytest.fixture
+def unreadable_refusal(tmp_path) -> str:
+    """The start_failed line of a server whose bundle's manifest it may not read."""
+    folder = write_bundle(tmp_path / "bundle")
+    (folder / "manifest.json").chmod(0)
+    result = subprocess.run(
+        [*NO_DAC_OVERRIDE, *serve_command(folder)],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return json.loads(result.stderr.strip().splitlines()[-1])["msg"]
+
+
+def test_a_bundle_the_server_may_not_read_is_refused_naming_its_user(unreadable_refusal):
+    assert f"this server runs as uid {os.geteuid()}" in unreadable_refusal
+
+
+def test_a_bundle_the_server_may_not_read_is_not_sent_to_be_built_again(unreadable_refusal):
+    assert "build it again" not in unreadable_refusal
 
 
 # `python -m edgedistill.serve` whose server fails with an error nobody expected
