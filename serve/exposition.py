@@ -9,7 +9,9 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 from edgedistill.common.atomic import atomic_write
 from edgedistill.serve.ports import reserve_port, unbindable
@@ -56,24 +58,38 @@ def _timed(handler: type) -> type:
     return TimedHandler
 
 
-def serve_http(registry: CollectorRegistry, host: str, port: int):
-    """An HTTP server for `/metrics` of `registry` on `host:port` (0: any free port), in a daemon thread, closing a
-    connection that has not sent its request within HTTP_TIMEOUT_S; `SettingsError` naming the metrics settings where
-    the address cannot be bound."""
-    address = host.strip("[]")
+@dataclass
+class HttpServers:
+    """The `/metrics` servers of one host, one on each of its addresses (`ports.bind_addresses`), on one port."""
+
+    servers: list[WSGIServer] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)  # each server's, which `stop_http` waits for
+
+    @property
+    def server_port(self) -> int:
+        return self.servers[0].server_port
+
+
+def serve_http(registry: CollectorRegistry, host: str, port: int) -> HttpServers:
+    """An HTTP server for `/metrics` of `registry` on each address of `host` that this machine has, all on `port` (0:
+    any port free on all of them), each in a daemon thread, closing a connection that has not sent its request within
+    HTTP_TIMEOUT_S; `SettingsError` naming the metrics settings where an address cannot be bound."""
+    with reserve_port(host, port, "metrics_port") as reservation:  # the addresses gRPC binds, and a port free on each
+        addresses = [holder.getsockname()[0] for holder in reservation.holders]
+        picked = reservation.port
+    http = HttpServers()
     try:
-        try:
-            server, _ = start_http_server(port, addr=address, registry=registry)
-        except OSError:
-            if address != "::":
-                raise
-            server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)  # no IPv6 here
-    except OSError as err:
+        for address in addresses:
+            server, thread = start_http_server(picked, addr=address, registry=registry)
+            http.servers.append(server)
+            http.threads.append(thread)
+            # Set on the running server (prometheus-client takes no handler): only a connection accepted meanwhile,
+            # within moments of the port opening, goes untimed.
+            server.RequestHandlerClass = _timed(server.RequestHandlerClass)
+    except OSError as err:  # taken since the reservation closed
+        stop_http(http)
         raise unbindable("metrics_port", host, port, err.strerror or str(err)) from err
-    # Set on the running server (prometheus-client takes no handler): only a connection accepted meanwhile, within
-    # moments of the port opening, goes untimed.
-    server.RequestHandlerClass = _timed(server.RequestHandlerClass)
-    return server
+    return http
 
 
 def check_http(host: str, port: int) -> None:
@@ -82,9 +98,13 @@ def check_http(host: str, port: int) -> None:
     reserve_port(host, port, "metrics_port").close()
 
 
-def stop_http(server) -> None:
-    server.shutdown()
-    server.server_close()
+def stop_http(http: HttpServers) -> None:
+    """Close every server of `http`, and wait for their threads."""
+    for server in http.servers:
+        server.shutdown()
+        server.server_close()
+    for thread in http.threads:
+        thread.join()
 
 
 # prometheus-client's process families -> the supervisor's per-worker ones: (name, help, family class)

@@ -439,7 +439,7 @@ def test_streams_over_the_connections_limit_wait_in_the_client(start_server, bun
 
 def test_the_metrics_port_binds_to_loopback_even_when_grpc_listens_everywhere(start_server, bundle):
     server = start_server(settings_for(bundle, host="0.0.0.0"))
-    assert server.server.metrics._http.server_address[0] == "127.0.0.1"
+    assert [http.server_address[0] for http in server.server.metrics._http.servers] == ["127.0.0.1"]
 
 
 def requests_by_code(server: RunningServer) -> dict[str, dict[str, float]]:

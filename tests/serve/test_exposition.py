@@ -18,6 +18,7 @@ from edgedistill.serve.exposition import (
     RETIRED,
     WorkerFiles,
     WorkerProcesses,
+    check_http,
     serve_http,
     stop_http,
     workers_registry,
@@ -29,6 +30,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.serve.test_operations import metric
+from tests.serve.test_ports import ipv6_loopback
 
 
 @pytest.fixture
@@ -105,7 +107,7 @@ def test_the_metrics_port_closes_a_connection_that_trickles_its_request_past_the
 def test_a_connection_cut_mid_request_line_writes_nothing_but_json_lines_to_stderr(monkeypatch, capfd):
     monkeypatch.setattr(exposition, "HTTP_TIMEOUT_S", 0.5)
     server = serve_http(Metrics().registry, "127.0.0.1", 0)
-    server.daemon_threads = False  # `stop_http` then waits for the connection's thread, and all it writes
+    server.servers[0].daemon_threads = False  # `stop_http` then waits for the connection's thread, and all it writes
     try:
         with socket.create_connection(("127.0.0.1", server.server_port), timeout=5) as slow:
             open_for(slow, 3, start=b"GE", more=b"T")  # a request line that never ends
@@ -132,7 +134,36 @@ def test_the_metrics_port_answers_a_request_sent_whole(monkeypatch):
         stop_http(server)
 
 
-@pytest.mark.parametrize("bind", [exposition.check_http, lambda host, port: serve_http(Metrics().registry, host, port)])
+@pytest.mark.parametrize("loopback", ["127.0.0.1", pytest.param("[::1]", marks=ipv6_loopback)])
+def test_a_localhost_metrics_port_answers_on_each_loopback_address(loopback):
+    server = serve_http(Metrics().registry, "localhost", 0)
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with direct.open(f"http://{loopback}:{server.server_port}/metrics", timeout=5) as reply:
+            assert reply.status == 200
+    finally:
+        stop_http(server)
+
+
+@pytest.fixture
+def stopped_localhost():
+    """The metrics servers of `localhost`, on a free port, stopped."""
+    server = serve_http(Metrics().registry, "localhost", 0)
+    stop_http(server)
+    return server
+
+
+@ipv6_loopback
+def test_a_stopped_localhost_metrics_port_is_free_again_on_both_loopback_addresses(stopped_localhost):
+    check_http("localhost", stopped_localhost.server_port)  # SettingsError where either address still holds it
+
+
+@ipv6_loopback
+def test_a_stopped_localhost_metrics_port_leaves_no_server_thread_running(stopped_localhost):
+    assert [thread.is_alive() for thread in stopped_localhost.threads] == [False, False]
+
+
+@pytest.mark.parametrize("bind", [check_http, lambda host, port: serve_http(Metrics().registry, host, port)])
 def test_a_taken_metrics_port_is_refused_naming_its_variables_and_flags(bind):
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
