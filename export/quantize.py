@@ -1,8 +1,10 @@
 """Lower precision: dynamic or calibrated static INT8 for CPU, FP16 for GPU bundles."""
 
 import contextlib
+import io
 import logging
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,24 +25,39 @@ from onnxruntime.transformers.onnx_model import OnnxModel
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators, which its fusions put in a graph
 
 
-class _NoPreprocessingAdvice(logging.Filter):
-    """ONNX Runtime's quantizer advises its pre-processing (`quant_pre_process`: shape inference and graph
-    optimisation) on the root logger at each call. The bundles are quantized from the graph as exported (fused where
-    the recipe says), `_typed` gives static INT8 the shapes it needs, and each INT8 bundle is gated against PyTorch on
-    dev; on the default recipe's INT8 teacher the pre-processing changes nothing but 3 constants (docs/benchmarks.md)."""
+# What ONNX Runtime says unasked of a graph whose bundle is right as it is (each bundle is gated against PyTorch on
+# dev). Its quantizer advises its pre-processing (`quant_pre_process`: shape inference and graph optimisation) at each
+# call: the bundles are quantized from the graph as exported (fused where the recipe says), `_typed` gives static INT8
+# the shapes it needs, and on the default recipe's INT8 teacher the pre-processing changes nothing but 3 constants
+# (docs/benchmarks.md). Its FP16 conversion's symbolic shape inference fails on a CNN or BiLSTM student exported at
+# opset 18 or later, logs a request to file an issue and prints the failure: the conversion goes on without it.
+ADVICE = ("pre-processing before quantization", "Failed to run symbolic shape inference", "failed in shape inference")
+# The loggers it says it on: the quantizer's on the root logger, the FP16 conversion's on its model's own.
+_ADVISING_LOGGERS = ("", "onnxruntime.transformers.onnx_model")
 
+
+def _is_advice(message: str) -> bool:
+    return any(phrase in message for phrase in ADVICE)
+
+
+class _NoAdvice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return "pre-processing before quantization" not in record.getMessage()
+        return not _is_advice(record.getMessage())
 
 
 @contextlib.contextmanager
-def _without_preprocessing_advice():
-    advice = _NoPreprocessingAdvice()
-    logging.getLogger().addFilter(advice)
+def _without_advice():
+    """ONNX Runtime's `ADVICE` held back from its loggers and from what it prints; everything else passes."""
+    advice, printed = _NoAdvice(), io.StringIO()
+    for name in _ADVISING_LOGGERS:
+        logging.getLogger(name).addFilter(advice)
     try:
-        yield
+        with contextlib.redirect_stdout(printed):
+            yield
     finally:
-        logging.getLogger().removeFilter(advice)
+        for name in _ADVISING_LOGGERS:
+            logging.getLogger(name).removeFilter(advice)
+        sys.stdout.writelines(line for line in printed.getvalue().splitlines(keepends=True) if not _is_advice(line))
 
 
 def _clear_value_info(src: Path, dst: Path) -> Path:
@@ -76,7 +93,7 @@ def int8_dynamic(src: Path, dst: Path, per_channel: bool = False, op_types: list
     """Weights INT8, activations quantized on the fly: `op_types` (default: every type ONNX Runtime quantizes,
     `common.config.export.DYNAMIC_INT8_OPS`). Returns what was applied, for the manifest."""
     tmp = _clear_value_info(src, dst.with_name(dst.stem + ".pre.onnx"))
-    with _without_preprocessing_advice():
+    with _without_advice():
         quantize_dynamic(
             str(tmp),
             str(dst),
@@ -136,7 +153,7 @@ def int8_static(
     head is tiny, and its bias cannot be given an INT32 scale when its input is a gathered [CLS] state.
     """
     tmp = _typed(src, dst.with_name(dst.stem + ".pre.onnx"))
-    with _without_preprocessing_advice():
+    with _without_advice():
         quantize_static(
             str(tmp),
             str(dst),
@@ -172,5 +189,6 @@ def int8_weights(path: Path) -> int:
 def fp16(src: Path, dst: Path) -> None:
     """FP16 weights and compute with FP32 inputs and outputs (for GPU execution providers)."""
     model = OnnxModel(onnx.load(str(src)))
-    model.convert_float_to_float16(keep_io_types=True)
+    with _without_advice():
+        model.convert_float_to_float16(keep_io_types=True)
     model.save_model_to_file(str(dst))
