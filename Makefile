@@ -171,17 +171,20 @@ RUN = $(RUNS_DIR)/$(or $(word 1,$(RECIPE_INFO)),$(basename $(notdir $(RECIPE))))
 DEPLOY = $(word 2,$(RECIPE_INFO))
 # BUNDLE and PORT take the server's own EDGEDISTILL_BUNDLE and EDGEDISTILL_PORT where set (a goal that measures refuses
 # those, above; a service link is none), so make serve and make call honour them rather than override them by flags.
+# A bundle given either way is built already: make triton-repo then trains nothing and reads no recipe.
+BUNDLE_GIVEN := $(or $(filter-out undefined,$(origin BUNDLE)),$(EDGEDISTILL_BUNDLE))
 BUNDLE ?= $(or $(EDGEDISTILL_BUNDLE),$(RUN)/bundle-$(or $(DEPLOY),$(error no export.deploy from $(RECIPE) (an error above says why, else it has no export section): fix the recipe or pass BUNDLE=<bundle folder>)))
 # A goal that builds the bundles trains first, and needs the recipe's transfer, distill and export sections: one it
 # lacks (or a recipe that does not load) stops make at once, as it stops `edgedistill all`, not after the training,
 # in the one read of the recipe. Before make setup nothing reads the recipe here, and the stages refuse it in turn.
-BUILDING_BUNDLES := all bundles bench triton-repo serve-bench serve-accuracy serve-cascade peers-bench scaling-bench
+BUILDING_BUNDLES := all bundles bench $(if $(BUNDLE_GIVEN),,triton-repo) serve-bench serve-accuracy serve-cascade peers-bench scaling-bench
 ifneq ($(and $(filter $(BUILDING_BUNDLES),$(MAKECMDGOALS)),$(wildcard $(STAMP))),)
 RECIPE_INFO := $(shell $(READ_RECIPE) all)
 $(if $(RECIPE_INFO),,$(error make $(filter $(BUILDING_BUNDLES),$(MAKECMDGOALS)) cannot build $(RECIPE): the error above says why))
 endif
-triton-repo: bundles  ## a Triton model repository for BUNDLE (default: the deployed bundle) in runs/<recipe>/triton
-	$(ED) triton-repo $(BUNDLE) $(RUN)/triton
+# The repository goes beside the bundle: runs/<recipe>/triton for the recipe's own.
+triton-repo: $(if $(BUNDLE_GIVEN),$(STAMP),bundles)  ## a Triton model repository for BUNDLE (default: the deployed bundle, built first) in triton/ beside it
+	$(ED) triton-repo $(BUNDLE) $(dir $(patsubst %/,%,$(BUNDLE)))triton
 
 report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures and tables from every finished stage
 	$(ED) report $(RECIPE)

@@ -32,6 +32,20 @@ def test_make_serve_serves_the_bundle_of_the_recipes_name(tmp_path):
     assert "--bundle runs/renamed/bundle-bilstm-int8" in make_dry_run(tmp_path, "serve")
 
 
+def test_make_triton_repo_writes_the_deployed_bundles_repository_in_the_run_folder(tmp_path):
+    assert "triton-repo runs/renamed/bundle-bilstm-int8 runs/renamed/triton\n" in make_dry_run(tmp_path, "triton-repo")
+
+
+def test_make_triton_repo_of_a_bundle_given_runs_no_stage_before_it(tmp_path):
+    planned = make_dry_run(tmp_path, "triton-repo", "BUNDLE=/srv/bundle-tiny").splitlines()
+    assert [line.split()[1] for line in planned if line.startswith(".venv/bin/edgedistill ")] == ["triton-repo"]
+
+
+@pytest.mark.parametrize("bundle", ["/srv/bundle-tiny", "/srv/bundle-tiny/"])
+def test_make_triton_repo_of_a_bundle_given_writes_the_repository_beside_it(tmp_path, bundle):
+    assert f"triton-repo {bundle} /srv/triton\n" in make_dry_run(tmp_path, "triton-repo", f"BUNDLE={bundle}")
+
+
 def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
     assert 'rm -rf -- "runs/renamed"' in make_dry_run(tmp_path, "clean")
 
