@@ -282,9 +282,11 @@ image: $(if $(filter 1,$(BAKE)),$(STAMP))  ## build the serving image (docker if
 	$(if $(filter 1,$(BAKE)),@test -f $(BUNDLE)/manifest.json || { echo "BAKE=1: $(BUNDLE) is not a finished bundle: build it (make bundles RECIPE=$(RECIPE)) or pass BUNDLE=<bundle folder>" >&2; exit 2; })
 	$(if $(filter 1,$(BAKE)),$(if $(BAKED),,@echo "BAKE=1: $(BUNDLE) is outside the build context, which takes a bundle from runs/<recipe>/bundle-<id> in $(CURDIR) only: copy it there and pass that as BUNDLE, or mount it at run time (BAKE=0)" >&2; exit 2))
 	$(if $(filter 1,$(BAKE)),$(if $(BUNDLE_VERSION),,@echo "BAKE=1: $(BUNDLE) does not load as a bundle (the line above says why), so there is no content version to tag its image with: build it again (make bundles RECIPE=$(RECIPE))" >&2; exit 2))
-	@if docker info >/dev/null 2>&1; then \
+	@if refusal=$$(docker info 2>&1 >/dev/null); then \
 	  set -x; docker build $(IMAGE_ARGS) $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \
 	else \
+	  if command -v docker >/dev/null; then \
+	    echo "image: docker did not answer, so podman builds the image instead: $$(echo "$$refusal" | grep -m 1 .)" >&2; fi; \
 	  deploy/base-image.sh $(BASE_IMAGE) && set -x && \
 	  podman build --isolation chroot --format docker --build-arg BASE=$(BASE_IMAGE) $(IMAGE_ARGS) \
 	    $${PIP_CERT:+--secret id=pip-cert,src=$$PIP_CERT} -t $(IMAGE_TAG) .; \

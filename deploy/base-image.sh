@@ -30,7 +30,9 @@ if [ "$REFRESH" != 1 ] && command -v podman >/dev/null && owners_podman image ex
   exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
-  if [ "$REFRESH" = 1 ]; then
+  if ! command -v podman >/dev/null; then
+    log "podman is not installed: run sudo make base-image, which installs it (apt-get) and makes $IMAGE, or start Docker, which make image builds with when it answers"
+  elif [ "$REFRESH" = 1 ]; then
     log "REFRESH=1: making $IMAGE again needs root (debootstrap): run sudo make base-image REFRESH=1"
   else
     log "$IMAGE is not in your podman's image store, and making it needs root (debootstrap): run sudo make base-image, which puts it there, or set BASE_IMAGE to an image your podman has"

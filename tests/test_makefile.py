@@ -3,6 +3,7 @@
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -662,6 +663,36 @@ def test_make_image_refuses_to_bake_a_bundle_that_does_not_load(installed):
 def test_make_image_refuses_to_bake_a_bundle_outside_the_build_context(checkout, tmp_path_factory):
     bundle = finished_bundle(tmp_path_factory.mktemp("elsewhere") / "bundle-b")
     assert "is outside the build context" in make_in(checkout, "image", "BAKE=1", f"BUNDLE={bundle}").stdout
+
+
+DOCKER_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+
+
+@pytest.fixture
+def image_where_docker_does_not_answer(tmp_path) -> subprocess.CompletedProcess:
+    """`make image` by user 1000 (id's stub) on a PATH of bash, grep, sed and a docker whose daemon is stopped: no
+    podman."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    shell_script(folder / "docker", f'echo Client:\necho "{DOCKER_DOWN}" >&2\nexit 1')
+    shell_script(folder / "id", "echo 1000")
+    for tool in ("bash", "grep", "sed"):
+        (folder / tool).symlink_to(shutil.which(tool))
+    command = [shutil.which("make"), "--no-print-directory", "image"]
+    env = os.environ | {"PATH": str(folder)}
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_make_image_where_docker_does_not_answer_says_why_before_it_takes_podman(image_where_docker_does_not_answer):
+    assert f"docker did not answer, so podman builds the image instead: {DOCKER_DOWN}\n" in (
+        image_where_docker_does_not_answer.stderr
+    )
+
+
+def test_make_image_where_docker_does_not_answer_and_podman_is_missing_says_podman_is_not_installed(
+    image_where_docker_does_not_answer,
+):
+    assert "base-image: podman is not installed" in image_where_docker_does_not_answer.stderr
 
 
 def test_runs_dir_given_in_the_environment_is_not_warned_of_as_an_old_name():

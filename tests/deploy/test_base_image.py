@@ -1,8 +1,9 @@
 """deploy/base-image.sh: an existing base image is enough for any user, a user other than root is told that making
-one needs root, under sudo the image goes to the store of the user who ran sudo, its apt sources name the updates and
+one needs root (or that podman is not installed), under sudo the image goes to the store of the user who ran sudo, its apt sources name the updates and
 security suites, and REFRESH=1 makes it again. podman, id, sudo and debootstrap are stubs on PATH; nothing is built."""
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -49,6 +50,25 @@ def test_a_missing_base_image_for_a_user_other_than_root_fails(tmp_path):
 @pytest.mark.parametrize("fix", ["run sudo make base-image", "set BASE_IMAGE to an image your podman has"])
 def test_a_missing_base_image_for_a_user_other_than_root_names_the_fix(tmp_path, fix):
     assert fix in base_image_as_a_user(tmp_path, image_exists=False).stderr
+
+
+def base_image_without_podman(tmp_path) -> subprocess.CompletedProcess:
+    """The script for IMAGE, run by user 1000 (id's stub) on a PATH of id's stub and bash alone: no podman."""
+    stub(tmp_path, "id", "echo 1000")
+    (tmp_path / "bash").symlink_to(shutil.which("bash"))
+    env = script_env(tmp_path, refresh=False) | {"PATH": str(tmp_path)}
+    command = [str(ROOT / "deploy" / "base-image.sh"), IMAGE]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_user_without_podman_is_told_it_is_not_installed_and_how_to_get_it(tmp_path):
+    assert "podman is not installed: run sudo make base-image, which installs it" in (
+        base_image_without_podman(tmp_path).stderr
+    )
+
+
+def test_a_user_without_podman_is_not_told_of_its_image_store(tmp_path):
+    assert "image store" not in base_image_without_podman(tmp_path).stderr
 
 
 def base_image_under_sudo(
