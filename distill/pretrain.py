@@ -77,21 +77,31 @@ def build_model(cfg: ModelConfig, tokenizer, seq_len: int):
     return GPT2LMHeadModel(config)
 
 
-def scratch_tokenizer(cfg: ModelConfig, texts: list[str], folder: Path):
-    """The tokenizer of a model built from scratch, trained on `texts` by rank 0 into `folder` unless an earlier
-    run of these settings left it there, and read from there by every rank: WordPiece training breaks ties between
-    equally frequent pairs in no fixed order, so two trainings on one corpus may number the vocabulary differently,
-    and the ranks, or a run and its resumption, would not share the embeddings' rows. The other ranks wait however
-    long the training takes (`dist.wait_for_main`), not a collective's timeout."""
+def scratch_tokenizer(cfg: ModelConfig, seq_len: int, texts: list[str], folder: Path):
+    """The tokenizer of a model built from scratch (its `truncation=True` cuts at the model's `scratch_positions`),
+    trained on `texts` by rank 0 into `folder` unless an earlier run of these settings left it there, and read from
+    there by every rank: WordPiece training breaks ties between equally frequent pairs in no fixed order, so two
+    trainings on one corpus may number the vocabulary differently, and the ranks, or a run and its resumption, would
+    not share the embeddings' rows. The other ranks wait however long the training takes (`dist.wait_for_main`), not
+    a collective's timeout."""
     if dist.is_main() and not folder.is_dir():
-        atomic_write(folder, train_tokenizer(cfg.family, texts, cfg.vocab_size).save_pretrained)
+        tokenizer = train_tokenizer(cfg.family, texts, cfg.vocab_size, scratch_positions(cfg, seq_len))
+        atomic_write(folder, tokenizer.save_pretrained)
     dist.wait_for_main()
     return load_tokenizer(str(folder))
 
 
+def word_spans(text: str, offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The character spans of `text`'s tokens with the whitespace they begin with left out. transformers' whole-word
+    masking starts a word where a token starts elsewhere than the one before it ends; the SentencePiece tokenizers
+    of DeBERTa-v2/v3, BigBird and RemBERT span the space before a word (`▁dull` is (1, 6) in "a dull"), which would
+    join every word of a text into one."""
+    return [(end - len(text[start:end].lstrip()), end) for start, end in offsets]
+
+
 class Blocks(Sequence):
-    """Pretraining blocks as an int32 (N, seq_len) array of token ids, with an (N, seq_len, 2) one of character
-    offsets for whole-word masking: 4 bytes a token (12 with offsets). A block reads as the dict a collator takes
+    """Pretraining blocks as an int32 (N, seq_len) array of token ids, with an (N, seq_len, 2) one of `word_spans`
+    for whole-word masking: 4 bytes a token (12 with offsets). A block reads as the dict a collator takes
     (`input_ids`, `offset_mapping`), a slice as a list of them."""
 
     def __init__(self, ids: np.ndarray, offsets: np.ndarray | None):
@@ -116,7 +126,7 @@ def make_blocks(
     where given) and cut them into blocks of `seq_len` tokens.
 
     BERT blocks are wrapped in [CLS] ... [SEP]; GPT texts are separated by the EOS token.
-    `offset_mapping` is kept for whole-word masking.
+    With `with_offsets`, each token's `word_spans` are kept for whole-word masking.
     """
     if family == "bert":
         inner, head, tail = seq_len - 2, [tokenizer.cls_token_id], [tokenizer.sep_token_id]
@@ -131,7 +141,8 @@ def make_blocks(
         enc = tokenizer(chunk, add_special_tokens=False, return_offsets_mapping=with_offsets)
         ids.append(np.fromiter((i for row in enc["input_ids"] for i in row + sep_ids), dtype=np.int32))
         if with_offsets:
-            pairs = [pair for row in enc["offset_mapping"] for pair in list(row) + sep_offsets]
+            rows = zip(chunk, enc["offset_mapping"], strict=True)
+            pairs = [pair for text, row in rows for pair in word_spans(text, row) + sep_offsets]
             offsets.append(np.array(pairs, dtype=np.int32).reshape(-1, 2))
         bar.update(len(chunk))
     bar.close()
@@ -292,7 +303,7 @@ def build_stage(inputs: Inputs) -> Built | None:
         auto = AutoModelForMaskedLM if model_cfg.family == "bert" else AutoModelForCausalLM
         model = device.load_trainable(auto, model_cfg.init)
     else:
-        tokenizer = scratch_tokenizer(model_cfg, texts, work / f"tokenizer-{inputs.config_hash}")
+        tokenizer = scratch_tokenizer(model_cfg, cfg.seq_len, texts, work / f"tokenizer-{inputs.config_hash}")
         model = build_model(model_cfg, tokenizer, cfg.seq_len)
     for tokens, setting in ((cfg.seq_len, "pretrain.seq_len"), (model_cfg.max_length, "model.max_length")):
         heads.require_positions(model.config, tokens, setting, model_cfg.init or "the model")

@@ -10,6 +10,7 @@ from edgedistill.common.recipe import RecipeError
 from edgedistill.common.segments import PairSegments
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 CONTINUATION = "##"  # WordPiece's prefix of a piece that continues a word
@@ -45,7 +46,7 @@ def _continuations(tok: Tokenizer, texts: Iterable[str]) -> list[str]:
     return [CONTINUATION + char for char in sorted(inner)]
 
 
-def _wordpiece(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def _wordpiece(texts: Sequence[str], vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -74,10 +75,11 @@ def _wordpiece(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast
         sep_token="[SEP]",
         mask_token="[MASK]",
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],  # segment ids for sentence pairs
+        model_max_length=max_length,
     )
 
 
-def _byte_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def _byte_bpe(texts: Iterable[str], vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()  # bytes of composed and decomposed accents would be other tokens
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
@@ -92,13 +94,23 @@ def _byte_bpe(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
         ),
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=GPT_EOS, bos_token=GPT_EOS, unk_token=GPT_EOS, pad_token=GPT_PAD
+        tokenizer_object=tok,
+        eos_token=GPT_EOS,
+        bos_token=GPT_EOS,
+        unk_token=GPT_EOS,
+        pad_token=GPT_PAD,
+        model_max_length=max_length,
     )
 
 
-def train_tokenizer(family: str, texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A fresh tokenizer for `family` ("bert" or "gpt") trained on `texts`; the same texts give the same one."""
-    return _wordpiece(texts, vocab_size) if family == "bert" else _byte_bpe(texts, vocab_size)
+def train_tokenizer(
+    family: str, texts: Sequence[str], vocab_size: int, max_length: int = VERY_LARGE_INTEGER
+) -> PreTrainedTokenizerFast:
+    """A fresh tokenizer for `family` ("bert" or "gpt") trained on `texts`; the same texts give the same one.
+    `truncation=True` cuts a text to `max_length` tokens (its model's positions; by default none are cut), which its
+    saved `tokenizer_config.json` keeps for whoever loads it."""
+    train = _wordpiece if family == "bert" else _byte_bpe
+    return train(texts, vocab_size, max_length)
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

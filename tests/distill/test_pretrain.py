@@ -19,15 +19,19 @@ from edgedistill.distill.pretrain import (
     lm_metrics,
     make_blocks,
     scaled_loss,
+    scratch_positions,
     scratch_tokenizer,
+    word_spans,
 )
 from edgedistill.distill.tokenization import load_tokenizer, train_tokenizer
 from edgedistill.distill.trainer import MicroBatch, Trainer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     BertConfig,
     BertForMaskedLM,
     DataCollatorForLanguageModeling,
     GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
     RobertaConfig,
     RobertaForMaskedLM,
 )
@@ -119,17 +123,67 @@ def test_masking_rates_and_whole_words():
     )
 
 
+def sentencepiece_style(texts: list[str]) -> PreTrainedTokenizerFast:
+    """A Unigram tokenizer whose words begin with `▁`, as DeBERTa-v2/v3's, BigBird's and RemBERT's, trained on
+    `texts`: a word's offsets span the space before it ("a dull" gives `▁dull` (1, 6))."""
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.UnigramTrainer(vocab_size=2000, special_tokens=specials, unk_token="[UNK]", show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def test_word_spans_leave_out_the_space_a_token_begins_with():
+    assert word_spans("a dull film", [(0, 1), (1, 6), (6, 11)]) == [(0, 1), (2, 6), (7, 11)]
+
+
+def test_word_spans_of_a_wordpiece_tokenizer_are_its_offsets():
+    tok = tokenizer("bert")
+    offsets = tok(TEXTS[0], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    assert word_spans(TEXTS[0], offsets) == offsets
+
+
+def test_whole_word_masking_masks_words_of_a_tokenizer_whose_offsets_span_the_space_before_them(data_dir):
+    texts = load_unlabelled([str(data_dir / "unlabeled" / "movie_reviews.txt")], 300)
+    tok = sentencepiece_style(texts)
+    wwm = DataCollatorForLanguageModeling(
+        tok, mlm_probability=0.15, whole_word_mask=True, mask_replace_prob=1.0, random_replace_prob=0.0, seed=0
+    )
+    masked = wwm(make_blocks(tok, texts, 64, "bert", with_offsets=True)[:256])["labels"] != -100
+    # read as one word a text, most blocks had nothing masked and the rest nearly everything
+    assert (masked.sum(1) == 0).float().mean() < 0.1
+
+
+def test_a_scratch_tokenizers_length_limit_is_its_models_positions(tmp_path):
+    cfg = ModelConfig(vocab_size=200)
+    tok = scratch_tokenizer(cfg, 600, TEXTS, tmp_path / "tokenizer")
+    assert tok.model_max_length == scratch_positions(cfg, 600)
+
+
 def _scratch_vocab(reviews: str, folder: str) -> dict[str, int]:
     """The vocabulary of the from-scratch tokenizer of 300 reviews kept in `folder`, as this rank reads it."""
     texts = load_unlabelled([reviews], 300)
-    return scratch_tokenizer(ModelConfig(vocab_size=2000), texts, Path(folder)).get_vocab()
+    return scratch_tokenizer(ModelConfig(vocab_size=2000), 128, texts, Path(folder)).get_vocab()
 
 
 def test_a_scratch_tokenizer_is_read_back_by_a_resumed_run_as_first_trained(data_dir, tmp_path):
     reviews, folder = str(data_dir / "unlabeled" / "movie_reviews.txt"), tmp_path / "tokenizer"
     first = _scratch_vocab(reviews, str(folder))
     # other texts, which a tokenizer trained again would take its vocabulary from
-    assert scratch_tokenizer(ModelConfig(vocab_size=2000), TEXTS, folder).get_vocab() == first
+    assert scratch_tokenizer(ModelConfig(vocab_size=2000), 128, TEXTS, folder).get_vocab() == first
 
 
 def test_two_ranks_share_one_scratch_tokenizer(data_dir, tmp_path):

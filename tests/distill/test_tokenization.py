@@ -13,7 +13,13 @@ from edgedistill.serve.encoding import TextEncoder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import BertConfig, ByT5Tokenizer, GPT2ForSequenceClassification, PreTrainedTokenizerFast
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    ByT5Tokenizer,
+    GPT2ForSequenceClassification,
+    PreTrainedTokenizerFast,
+)
 
 from tests.distill.gpt_init import write_gpt2
 from tests.roberta_init import write_roberta
@@ -36,6 +42,23 @@ def test_a_trained_bert_tokenizers_word_pieces_are_not_special_tokens():
     tokenizer = train_tokenizer("bert", TEXTS, 60)
     ids = tokenizer("a dull plot", add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == "a dull plot"
+
+
+def saved_with_positions(tmp_path, family):
+    """A tokenizer trained for a model of 8 positions, saved and read back as a checkpoint's (`AutoTokenizer`)."""
+    train_tokenizer(family, TEXTS, 300, max_length=8).save_pretrained(tmp_path / family)
+    return AutoTokenizer.from_pretrained(tmp_path / family)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_a_saved_trained_tokenizer_keeps_its_models_positions_as_its_length(tmp_path, family):
+    assert saved_with_positions(tmp_path, family).model_max_length == 8
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt"])
+def test_a_saved_trained_tokenizer_truncates_a_long_text_to_its_models_positions(tmp_path, family):
+    tokenizer = saved_with_positions(tmp_path, family)
+    assert len(tokenizer(" ".join(TEXTS), truncation=True)["input_ids"]) == 8
 
 
 def test_encode_holds_token_ids_as_int32():
