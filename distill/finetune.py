@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from edgedistill.common.config.training import DataConfig
 from edgedistill.common.data import Examples, limits_note, load_splits, load_test
-from edgedistill.common.recipe import RecipeError
+from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.stage import Built, Inputs
 from edgedistill.distill import device, dist, heads
 from edgedistill.distill.batching import collate, length_grouped_batches
@@ -89,6 +89,47 @@ def reinit_top_layers(model, count: int) -> None:
                     param.fill_(1.0)
 
 
+def classifier_from(folder: str, recipe: Recipe, pad_id: int):
+    """Checkpoint `folder` as a classifier of `data.label_names` with `finetune.pooling`'s head, and
+    `from_pretrained`'s loading info: `missing_keys` and `mismatched_keys` (a head for other labels) drawn afresh."""
+    cfg, data = recipe.finetune, recipe.data
+    extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
+    return device.load_trainable(
+        heads.classifier_class(cfg.pooling),
+        folder,
+        num_labels=data.num_labels,
+        id2label=dict(enumerate(data.label_names)),
+        label2id={name: i for i, name in enumerate(data.label_names)},
+        pad_token_id=pad_id,
+        ignore_mismatched_sizes=True,  # a head for other labels (an MNLI checkpoint's three) is drawn afresh
+        output_loading_info=True,
+        **extra,
+    )
+
+
+def start_teacher(recipe: Recipe, folder: str, pad_id: int):
+    """The teacher before its first step, from checkpoint `folder`, and the keys of `model.init`'s head for other
+    labels, drawn afresh. The pretrain stage's folder holds no pooler or classification head (language-model
+    training has none): after pretraining continued from `model.init`, those of `model.init` are kept, as without
+    pretraining."""
+    model, loaded = classifier_from(folder, recipe, pad_id)
+    if recipe.pretrain is None or not recipe.model.init:
+        return model, loaded["mismatched_keys"]
+    with torch.random.fork_rng(devices=[]):  # the teacher's training draws as it would without this load
+        init_model, init_loaded = classifier_from(recipe.model.init, recipe, pad_id)
+    mismatched = init_loaded["mismatched_keys"]
+    drawn = {*init_loaded["missing_keys"], *(key for key, *_ in mismatched)}
+    if kept := sorted(set(loaded["missing_keys"]) - drawn):
+        weights = init_model.state_dict()
+        model.load_state_dict({key: weights[key] for key in kept}, strict=False)
+        if dist.is_main():
+            print(
+                f"[teacher] {', '.join(kept)} kept from model.init {recipe.model.init}: continued pretraining "
+                "trains no pooler or classification head"
+            )
+    return model, mismatched
+
+
 def build_stage(inputs: Inputs) -> Built | None:
     """The body of `distill.stages.teacher`."""
     recipe = inputs.recipe
@@ -120,22 +161,11 @@ def build_stage(inputs: Inputs) -> Built | None:
     heads.require_classifier_dropout(config, cfg.classifier_dropout, init)
     heads.require_fusable(config, recipe, init)
     torch.manual_seed(cfg.optim.seed)  # the fresh head's initialisation must not depend on earlier stages
-    extra = {"classifier_dropout": cfg.classifier_dropout} if cfg.classifier_dropout is not None else {}
-    model, loaded = device.load_trainable(
-        heads.classifier_class(cfg.pooling),
-        init,
-        num_labels=data.num_labels,
-        id2label=dict(enumerate(data.label_names)),
-        label2id={name: i for i, name in enumerate(data.label_names)},
-        pad_token_id=tokenizer.pad_token_id,
-        ignore_mismatched_sizes=True,  # a head for other labels (an MNLI checkpoint's three) is drawn afresh
-        output_loading_info=True,
-        **extra,
-    )
-    if loaded["mismatched_keys"] and dist.is_main():
+    model, mismatched = start_teacher(recipe, init, tokenizer.pad_token_id)
+    if mismatched and dist.is_main():
         print(
-            f"[teacher] warning: model.init {init} has a classification head for {config.num_labels} labels and "
-            f"data.label_names {data.num_labels}: {', '.join(sorted(key for key, *_ in loaded['mismatched_keys']))} "
+            f"[teacher] warning: model.init {recipe.model.init} has a classification head for {config.num_labels} "
+            f"labels and data.label_names {data.num_labels}: {', '.join(sorted(key for key, *_ in mismatched))} "
             "drawn afresh, the rest of the checkpoint kept"
         )
     heads.require_positions(model.config, recipe.model.max_length, "model.max_length", init)

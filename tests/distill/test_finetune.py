@@ -1,10 +1,15 @@
-"""Fine-tuning's own steps: the top layers and pooler drawn afresh, and the settings refused before training."""
+"""Fine-tuning's own steps: the teacher's start after continued pretraining, the top layers and pooler drawn
+afresh, and the settings refused before training."""
 
+import pytest
 import torch
-from edgedistill.distill.finetune import reinit_top_layers
-from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+from edgedistill.common.recipe import load_recipe
+from edgedistill.distill.finetune import reinit_top_layers, start_teacher
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, BertForMaskedLM, DebertaV2Config, DebertaV2ForSequenceClassification
 
 from tests.conftest import ROOT, run_here
+from tests.distill.bert_init import tiny_bert
 from tests.distill.distilbert_init import write_distilbert
 
 TEXTS = ["unbelievably wonderful storytelling everywhere", "remarkably unwatchable screenplays"] * 50
@@ -26,3 +31,37 @@ def test_classifier_dropout_for_an_init_without_the_field_is_refused_before_fine
     args = ["--pretrain=null", f"--model.init={init}", "--finetune.classifier_dropout=0.1"]
     result = run_here("distill", "finetune", ROOT / "recipes" / "smoke.yaml", *args)
     assert f"error: finetune.classifier_dropout=0.1, but {init} is a distilbert, whose config has" in result.stderr
+
+
+def continued(tmp_path_factory, num_labels: int):
+    """A tiny BERT `model.init` with a head of `num_labels` labels, and the teacher the smoke recipe (two labels)
+    starts from the folder pretraining continued from it saves (its masked-LM model: no pooler, no head)."""
+    folder = tmp_path_factory.mktemp("continued")
+    init = tiny_bert(folder / "init", num_labels)
+    BertForMaskedLM.from_pretrained(init).save_pretrained(folder / "pretrain")
+    tokenizer = AutoTokenizer.from_pretrained(init)
+    tokenizer.save_pretrained(folder / "pretrain")
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"model.init": str(init)})
+    return load_file(init / "model.safetensors"), start_teacher(
+        recipe, str(folder / "pretrain"), tokenizer.pad_token_id
+    )
+
+
+@pytest.fixture(scope="module")
+def from_a_two_label_init(tmp_path_factory):
+    return continued(tmp_path_factory, num_labels=2)
+
+
+def test_after_continued_pretraining_the_teacher_starts_from_the_init_s_pooler(from_a_two_label_init):
+    init, (teacher, _) = from_a_two_label_init
+    assert torch.equal(teacher.bert.pooler.dense.weight, init["bert.pooler.dense.weight"])
+
+
+def test_after_continued_pretraining_the_teacher_starts_from_the_init_s_head_of_as_many_labels(from_a_two_label_init):
+    init, (teacher, _) = from_a_two_label_init
+    assert torch.equal(teacher.classifier.weight, init["classifier.weight"])
+
+
+def test_after_continued_pretraining_an_init_head_for_other_labels_is_told_drawn_afresh(tmp_path_factory):
+    _, (_, mismatched) = continued(tmp_path_factory, num_labels=3)
+    assert sorted(key for key, *_ in mismatched) == ["classifier.bias", "classifier.weight"]
