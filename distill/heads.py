@@ -64,14 +64,15 @@ class MeanPooledBertForSequenceClassification(BertPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        states = self.bert(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs
-        ).last_hidden_state
+        encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs)
+        states = encoded.last_hidden_state
         weights = attention_mask.unsqueeze(-1).to(states.dtype)
         pooled = (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
         logits = self.classifier(self.dropout(pooled))
         loss = nn.functional.cross_entropy(logits.float(), labels) if labels is not None else None
-        return SequenceClassifierOutput(loss=loss, logits=logits)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=encoded.hidden_states, attentions=encoded.attentions
+        )
 
 
 def teacher_inputs(config, tokenizer) -> tuple[str, ...]:

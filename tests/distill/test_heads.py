@@ -59,6 +59,20 @@ def test_classifier_reads_the_mean_of_the_final_states():
         torch.testing.assert_close(model(IDS, MASK).logits, model.classifier(mean))
 
 
+def test_hidden_states_asked_for_are_returned_one_per_layer_and_the_embeddings():
+    with torch.no_grad():
+        out = tiny_mean_pooled()(IDS, MASK, output_hidden_states=True)
+    assert len(out.hidden_states) == SIZES["num_hidden_layers"] + 1
+
+
+def test_attentions_asked_for_are_returned_one_per_layer():
+    model = tiny_mean_pooled()
+    model.set_attn_implementation("eager")  # SDPA computes no attention weights to return
+    with torch.no_grad():
+        out = model(IDS, MASK, output_attentions=True)
+    assert len(out.attentions) == SIZES["num_hidden_layers"]
+
+
 def test_loss_is_cross_entropy_of_the_labels():
     model = tiny_mean_pooled()
     out = model(IDS, MASK, labels=torch.tensor([2]))
