@@ -37,6 +37,7 @@ TIMEOUT = 10.0  # seconds: a call's deadline unless the caller gives one
 MAX_TIMEOUT = 1e9  # seconds; gRPC keeps a deadline in int64 nanoseconds since the epoch, which end in 2262
 RETRIED_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")  # a draining or restarting server, a full queue
 MAX_ATTEMPTS = 5  # gRPC's own cap on retryPolicy.maxAttempts
+RECEIVE_ANY = [("grpc.max_receive_message_length", -1)]  # no limit on a reply's size
 
 
 RETRY_THROTTLING = {"maxTokens": 10, "tokenRatio": 0.1}
@@ -157,7 +158,9 @@ class Client:
             raise ValueError(f"token {problem}: give None to send no token")
         if problem := timeout_problem(timeout):
             raise ValueError(f"timeout {problem}")
-        options = retry_options(retries) + (DIRECT if on_loopback(address) else [])
+        # Replies as large as the server sends, which sets no send limit: a reply of MAX_TEXTS texts outgrows gRPC's
+        # default 4 MiB receive limit long before their request reaches MAX_MESSAGE_BYTES
+        options = retry_options(retries) + RECEIVE_ANY + (DIRECT if on_loopback(address) else [])
         if uses_tls(tls, tls_ca, tls_cert):
             root, key, chain = _read(tls_ca), _read(tls_key), _read(tls_cert)  # an OSError naming its file first
             check_pem(tls_cert, tls_key, tls_ca)

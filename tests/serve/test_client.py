@@ -5,11 +5,14 @@ import contextlib
 import io
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import numpy as np
 import pytest
 from edgedistill.bench.ports import free_port
 from edgedistill.serve.client import Client, wait_ready
+from edgedistill.serve.proto import classifier_pb2, classifier_pb2_grpc
 
 from tests.conftest import ROOT
 from tests.serve.conftest import settings_for
@@ -122,3 +125,26 @@ def test_pairs_in_an_array_are_classified(served_pairs, method):
     with Client(served_pairs.address) as client:
         predictions = getattr(client, method)(["a film", "a film"], pairs=np.array(["great", "awful"]))["predictions"]
     assert [p["label"] for p in predictions] == ["positive", "negative"]  # the pair decides the label
+
+
+class _LargeInfo(classifier_pb2_grpc.ClassifierServicer):
+    """A server whose model info is larger than gRPC's default receive limit (4 MiB), as a Classify reply of many
+    texts is."""
+
+    def GetModelInfo(self, request, context):
+        return classifier_pb2.ModelInfo(name="big", labels=["x" * 1000] * 5000)
+
+
+@pytest.fixture
+def large_replies() -> str:
+    server = grpc.server(ThreadPoolExecutor(1))
+    classifier_pb2_grpc.add_ClassifierServicer_to_server(_LargeInfo(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_a_reply_beyond_grpcs_default_receive_limit_is_received(large_replies):
+    with Client(large_replies) as client:
+        assert client.model_info()["name"] == "big"
