@@ -255,7 +255,10 @@ def test_a_write_that_fills_the_device_leaves_no_temporary(small_fs):
 
 
 def test_a_stage_folder_that_fills_the_device_says_so(small_fs):
-    with pytest.raises(atomic.DiskFull), mf.stage_folder(small_fs / "stage") as tmp:
+    with (
+        pytest.raises(atomic.DiskFull, match=f"no space left on the device of {small_fs}"),
+        mf.stage_folder(small_fs / "stage") as tmp,
+    ):
         _hiding_its_errno(tmp / "model.bin")
 
 
@@ -291,7 +294,7 @@ def test_a_write_failing_on_a_full_quota_with_its_errno_says_the_disk_is_full(tm
     def over_quota(tmp):
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
 
-    with pytest.raises(atomic.DiskFull):
+    with pytest.raises(atomic.DiskFull, match=f"no space left on the device of {tmp_path}"):
         atomic_write(tmp_path / "model.bin", over_quota)
 
 

@@ -107,8 +107,12 @@ def test_hidden_mse_projects_a_narrower_student():
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     loss.backward()
     assert projection.weight.grad is not None
+
+
+def test_hidden_mse_of_a_narrower_student_without_a_projection_is_refused():
+    student, teacher = torch.randn(2, 5, 3), torch.randn(2, 5, 4)
     with pytest.raises(ValueError, match="projection"):
-        hidden_mse(student, teacher, mask)
+        hidden_mse(student, teacher, torch.ones(2, 5, dtype=torch.long))
 
 
 def test_attention_kl_hand_computed():

@@ -253,9 +253,9 @@ def test_server_refuses_a_tensorrt_bundle_it_cannot_run(trt_bundle, monkeypatch)
     monkeypatch.setitem(sys.modules, "tensorrt", None)
 
     async def build():
-        create_server(settings_for(trt_bundle, threads=0))  # THREADS, which an engine does not use, is refused
+        create_server(settings_for(trt_bundle, threads=0))  # THREADS 0: the default, which an engine leaves unused
 
-    with pytest.raises(BackendUnavailable, match="tensorrt"):
+    with pytest.raises(BackendUnavailable, match="the `tensorrt` Python package is not installed"):
         asyncio.run(build())
 
 

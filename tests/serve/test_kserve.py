@@ -229,6 +229,12 @@ def test_model_config_lists_a_cascade_output_model_metadata_lists(served_cascade
     assert config == metadata
 
 
+def test_model_metadata_lists_an_output_a_cascade_gains(served_cascade, monkeypatch):
+    monkeypatch.setattr(transport, "CASCADE_OUTPUTS", transport.CASCADE_OUTPUTS | {"member_margin": "FP32"})
+    metadata, _ = described_outputs(served_cascade)
+    assert "member_margin" in [name for name, *_ in metadata]
+
+
 def test_model_config_gives_the_label_names(stub):
     config = stub.ModelConfig(kserve_pb2.ModelConfigRequest(name=MODEL), timeout=10).config
     assert json.loads(config.parameters["labels"].string_value) == LABELS
