@@ -1,5 +1,6 @@
 """Tables of figures as every stage writes them: a cell's text, a check's result, markdown lines, a console table."""
 
+import re
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
@@ -41,8 +42,9 @@ def _limit_value(limit: str) -> float | None:
 
 def measured(verdict: dict, text: Callable[[object], str]) -> str:
     """A verdict's measured figure as `text` writes it, with as many more digits as it takes not to print its limit's
-    number unless it is that number: a p99 of 3.00004 ms is not 3 against <= 3, nor 1 failed call in 12,000 an error
-    rate of 0.00 against <= 0. A figure written with an exponent gets more significant digits (an error rate of
+    number unless it is that number, nor a number on its other side: a p99 of 3.00004 ms is not 3 against <= 3, nor
+    100.4 ms 100 against <= 100.2, nor 1 failed call in 12,000 an error rate of 0.00 against <= 0. A figure written
+    with an exponent gets more significant digits (an error rate of
     1.00001e-05 against <= 1e-05), one written without more decimals."""
     value, limit = verdict["measured"], _limit_value(verdict["limit"])
     written = text(value)
@@ -50,7 +52,7 @@ def measured(verdict: dict, text: Callable[[object], str]) -> str:
         return written
     style = "g" if "e" in written else "f"
     digits = 0 if style == "g" else len(written.partition(".")[2])
-    while float(written) == limit:
+    while float(written) == limit or (float(written) < limit) != (value < limit):
         digits += 1
         written = f"{value:.{digits}{style}}"
     return written
@@ -62,14 +64,19 @@ def verdict_rows(verdicts: list[dict], text: Callable[[object], str]) -> list[li
     return [[v["name"], measured(v, text), v["limit"], result(v["passed"])] for v in verdicts]
 
 
+_TAG_OPENING = re.compile(r"<(?=[A-Za-z/!?])")  # where markdown would read raw HTML (a label `<neg>`), not `<= 3`
+
+
 def _markdown_row(cells: list[str]) -> str:
-    """A markdown table's line of `cells`, each kept whole inside its cell: a `|` escaped, line breaks as spaces."""
-    return "| " + " | ".join(" ".join(c.replace("|", "\\|").splitlines()) for c in cells) + " |"
+    """A markdown table's line of `cells`, each kept whole inside its cell and read as text: a `|` and a `<` that
+    would open an HTML tag escaped, line breaks as spaces."""
+    escaped = (_TAG_OPENING.sub(r"\\<", c.replace("|", "\\|")) for c in cells)
+    return "| " + " | ".join(" ".join(c.splitlines()) for c in escaped) + " |"
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> list[str]:
-    """The lines of a markdown table: `header`, its rule, then one line per row of cells (text, with `|` escaped and
-    line breaks as spaces, so that a cell holds its text whole)."""
+    """The lines of a markdown table: `header`, its rule, then one line per row of cells (text, with `|` and a tag's
+    `<` escaped and line breaks as spaces, so that a cell holds its text whole, `_markdown_row`)."""
     return [_markdown_row(header), "|" + "---|" * len(header), *(_markdown_row(row) for row in rows)]
 
 

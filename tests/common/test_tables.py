@@ -86,3 +86,21 @@ def test_one_of_a_noun_is_counted_in_the_singular():
 
 def test_more_of_a_noun_are_counted_in_the_plural():
     assert tables.counted(2, "thread") == "2 threads"
+
+
+def test_a_measured_figure_over_its_limit_is_not_written_under_it():
+    verdict = {"name": "error_rate", "measured": 0.0012, "limit": "<= 0.001", "passed": False}
+    assert tables.measured(verdict, lambda measured: f"{measured:.2f}") == "0.0012"
+
+
+def test_a_whole_millisecond_figure_over_its_limit_shows_the_decimal_that_misses_it():
+    verdict = {"name": "p99_ms", "measured": 100.4, "limit": "<= 100.2", "passed": False}
+    assert tables.measured(verdict, lambda measured: f"{measured:.0f}") == "100.4"
+
+
+def test_a_markdown_cell_that_would_open_an_html_tag_is_escaped():
+    assert tables.markdown(["label"], [["<neg>"]])[2] == "| \\<neg> |"
+
+
+def test_a_markdown_cell_with_a_comparison_is_left_as_it_is():
+    assert tables.markdown(["wanted"], [["<= 0.001"]])[2] == "| <= 0.001 |"
