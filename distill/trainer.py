@@ -415,6 +415,8 @@ class Trainer:
         way_out = "delete it to start this stage over"  # a forced run of the same settings would resume it too
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:  # gone since seen: under torchrun, rank 0 discarded another run's
+            return
         except Exception as err:  # torch raises several types for a damaged or foreign file
             raise CheckpointError(f"{path} cannot be read ({_load_problem(err)}); {way_out}") from err
         try:

@@ -149,6 +149,18 @@ def test_a_run_resumed_part_way_records_the_grad_accum_of_each_run(tmp_path):
     assert [run["grad_accum"] for run in progress.trained_by] == [1, 2]
 
 
+def test_a_checkpoint_removed_between_seeing_and_reading_it_starts_the_run_over(tmp_path, monkeypatch):
+    trained(tmp_path)
+    load = torch.load
+
+    def removed_first(path, **kwargs):  # rank 0 discards another run's checkpoint as this rank reads it
+        Path(path).unlink()
+        return load(path, **kwargs)
+
+    monkeypatch.setattr(torch, "load", removed_first)
+    assert resumed(tmp_path, CPU).trained_by[0]["first_step"] == 1
+
+
 def test_a_corrupt_checkpoint_names_the_file_and_the_way_out(tmp_path):
     (tmp_path / CHECKPOINT).write_bytes(b"not a checkpoint")
     with pytest.raises(
