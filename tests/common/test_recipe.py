@@ -1063,28 +1063,18 @@ def test_an_unquoted_variable_inside_brackets_over_several_lines_says_to_quote_i
         load_recipe(write(tmp_path, text))
 
 
-def test_apostrophes_in_comments_open_no_string_that_hides_an_unquoted_variable(tmp_path):
-    text = (
-        MINIMAL
-        + "transfer:\n  text_style: ptb  # SST-2's style\n  unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]  # the reviews' file\n"
-    )
+@pytest.mark.parametrize(
+    "text",
+    [
+        "transfer:\n  text_style: ptb  # SST-2's style\n  unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]  # reviews' file\n",
+        "report: {title: SST-2's run}\ntransfer: {unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]}  # reviews'\n",
+        "transfer: {note: 'run #2', unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]}\n",
+    ],
+    ids=["apostrophes in comments", "an apostrophe in a word", "a hash in a quoted string"],
+)
+def test_quotes_and_comments_around_an_unquoted_variable_inside_brackets_hide_no_hint(tmp_path, text):
     with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
-        load_recipe(write(tmp_path, text))
-
-
-def test_an_apostrophe_within_a_word_opens_no_string_that_hides_an_unquoted_variable(tmp_path):
-    text = (
-        MINIMAL
-        + "report: {title: SST-2's run}\ntransfer: {unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]}  # reviews'\n"
-    )
-    with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
-        load_recipe(write(tmp_path, text))
-
-
-def test_a_hash_in_a_quoted_string_starts_no_comment_that_hides_an_unquoted_variable(tmp_path):
-    text = MINIMAL + "transfer: {note: 'run #2', unlabelled_files: [${EDGEDISTILL_DATA_DIR}/u.txt]}\n"
-    with pytest.raises(RecipeError, match=r"(?s)not valid YAML: .*quote a value that holds \$\{NAME\}"):
-        load_recipe(write(tmp_path, text))
+        load_recipe(write(tmp_path, MINIMAL + text))
 
 
 def test_an_escaped_quote_in_a_quoted_string_ends_no_string_so_its_brackets_count_for_nothing(tmp_path):
