@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -539,10 +540,8 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
     in a recipe is (`_Loader`): which of the two counts would depend on their order."""
     out, given = {}, {}  # key -> the argument that gave it
     for index, arg in enumerate(args):
-        if arg.startswith("--") and arg[2:] in Recipe.model_fields:  # `--name x`: a recipe key, its value after a space
-            raise RecipeError(f"{arg}: an override gives its value after =, not a space: {arg}=VALUE")
-        if arg.startswith("--") and not {".", "="} & set(arg):  # a misspelt option, more likely than an override
-            raise RecipeError(f"{arg}: no such option (--help lists them), nor an override (--section.key=value)")
+        if refusal := not_an_override(args, index):
+            raise RecipeError(refusal)
         if not arg.startswith("--") or "=" not in arg:
             raise RecipeError(f"override {arg!r} must look like --section.key=value")
         key, _, value = arg[2:].partition("=")
@@ -562,6 +561,29 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
                 f"override --{key}: {value!r} is not a YAML value ({problem}); {_quoting(args, index)}"
             ) from None
     return out
+
+
+# the keys an override may set without a dot; extends only for load_recipe to refuse, saying why
+_TOP_KEYS = (*Recipe.model_fields, "extends")
+
+
+def not_an_override(args: list[str], index: int, options: Iterable[str] = ()) -> str | None:
+    """Why `args[index]` is not an override but a recipe key given its value after a space (`--name x`,
+    `--finetune.optim.lr 5e-5`), or an option the command does not have (`--job 2`, `--job=2`, `-j 2`): naming the
+    nearest of the command's `options` and the recipe's sections; None where it may be an override."""
+    arg = args[index]
+    key, equals, _ = arg.partition("=")
+    name = key.removeprefix("--") if key.startswith("--") else None  # None: no long option's name
+    value_after = index + 1 < len(args) and not args[index + 1].startswith("--")
+    if name is not None and not equals and (name in _TOP_KEYS or ("." in name and value_after)):
+        return f"{arg}: an override gives its value after =, not a space: {arg}=VALUE"
+    if (name is not None and "." not in name and name not in _TOP_KEYS) or re.match(r"-[A-Za-z]", arg):
+        near = did_you_mean(key, [*options, *(f"--{section}" for section in _TOP_KEYS)])
+        return (
+            f"{key}: no such option, nor a recipe section: {near}--help lists the options, and an override is "
+            "--section.key=value"
+        )
+    return None
 
 
 def _overlap(a: str, b: str) -> bool:

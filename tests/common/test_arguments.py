@@ -2,7 +2,7 @@ import argparse
 from pathlib import Path
 
 import pytest
-from edgedistill.common.arguments import WholeWordsHelp, file_in_the_way, input_file, readable_file
+from edgedistill.common.arguments import ArgumentParser, WholeWordsHelp, file_in_the_way, input_file, readable_file
 
 PAGE = "/opt/venv/lib/python3.11/site-packages/edgedistill/docs/export.md#fusion-by-model-type"
 
@@ -69,3 +69,47 @@ def test_a_folder_below_a_file_has_that_file_in_its_way(tmp_path):
 
 def test_a_folder_still_to_make_has_nothing_in_its_way(tmp_path):
     assert file_in_the_way(tmp_path / "a" / "b") is None
+
+
+def recipe_parser(recipe: bool = True) -> ArgumentParser:
+    """A command's parser with a `--jobs` option, which takes a recipe and its overrides where `recipe`."""
+    parser = ArgumentParser(prog="p")
+    if recipe:
+        parser.add_argument("recipe")
+    parser.add_argument("--jobs", type=int)
+    return parser
+
+
+def refusal(argv: list[str], capsys) -> tuple[int, str]:
+    """The exit status and the error line of `recipe_parser()` refusing `argv`."""
+    with pytest.raises(SystemExit) as exit_:
+        recipe_parser().parse_known_args(argv)
+    return exit_.value.code, capsys.readouterr().err.splitlines()[-1]
+
+
+def test_an_override_holding_a_space_before_the_recipe_is_refused_saying_to_give_the_recipe_first(capsys):
+    expected = "p: error: --a.b={c: 1} came where the recipe goes: give the recipe first, then the overrides"
+    assert refusal(["--a.b={c: 1}", "sst2"], capsys)[1] == expected
+
+
+def test_an_override_before_the_recipe_is_a_usage_error(capsys):
+    assert refusal(["--a.b={c: 1}", "sst2"], capsys)[0] == 2
+
+
+def test_a_misspelt_option_among_the_overrides_is_answered_with_the_nearest_option(capsys):
+    assert "did you mean --jobs? " in refusal(["sst2", "--job=2"], capsys)[1]
+
+
+def test_a_misspelt_short_option_among_the_overrides_is_a_usage_error(capsys):
+    assert refusal(["sst2", "-j", "2"], capsys)[0] == 2
+
+
+def test_overrides_after_the_recipe_are_left_to_the_command():
+    assert recipe_parser().parse_known_args(["sst2", "--finetune.optim={lr: 0.1}", "--name=x"])[1] == [
+        "--finetune.optim={lr: 0.1}",
+        "--name=x",
+    ]
+
+
+def test_a_parser_without_a_recipe_leaves_what_it_does_not_know_to_its_caller():
+    assert recipe_parser(recipe=False).parse_known_args(["--job=2"])[1] == ["--job=2"]

@@ -12,6 +12,7 @@ from edgedistill.common.recipe import (
     RecipeError,
     load_command_recipe,
     load_recipe,
+    not_an_override,
     overrides_help,
     parse_overrides,
     run_dir,
@@ -275,7 +276,7 @@ def test_an_override_without_its_dashes_and_value_is_refused():
         parse_overrides(["finetune.optim.lr"])
 
 
-@pytest.mark.parametrize("arg", ["--x=[1,2", "--x=@a", "--data.text_column=*t"])
+@pytest.mark.parametrize("arg", ["--a.x=[1,2", "--a.x=@a", "--data.text_column=*t"])
 def test_an_override_that_is_not_yaml_is_refused_naming_it(arg):
     key = arg[2:].partition("=")[0]
     with pytest.raises(RecipeError, match=rf"^override --{re.escape(key)}: .* is not a YAML value"):
@@ -315,9 +316,9 @@ def test_a_mapping_the_shell_split_at_a_space_is_to_be_quoted_whole():
 
 def test_a_list_that_is_not_yaml_is_not_to_be_quoted_as_text():
     with pytest.raises(
-        RecipeError, match=r"quote the whole argument for the shell where it holds spaces: '--x=\[\.\.\.\]'$"
+        RecipeError, match=r"quote the whole argument for the shell where it holds spaces: '--a\.x=\[\.\.\.\]'$"
     ):
-        parse_overrides(["--x=[1,2"])
+        parse_overrides(["--a.x=[1,2"])
 
 
 @pytest.mark.parametrize("value", ["", "  "])
@@ -330,13 +331,13 @@ def test_an_empty_override_is_refused_not_read_as_null(value):
 def test_a_variable_unquoted_inside_a_list_override_is_to_be_quoted_for_yaml_not_for_the_shell():
     with pytest.raises(
         RecipeError,
-        match=r"""quote a value that holds \$\{NAME\}.*: '--x=\["\$\{EDGEDISTILL_DATA_DIR\}/file\.txt"\]'$""",
+        match=r"""quote a value that holds \$\{NAME\}.*: '--a\.x=\["\$\{EDGEDISTILL_DATA_DIR\}/file\.txt"\]'$""",
     ):
-        parse_overrides(["--x=[${EDGEDISTILL_DATA_DIR}/u.txt]"])
+        parse_overrides(["--a.x=[${EDGEDISTILL_DATA_DIR}/u.txt]"])
 
 
 def test_a_command_given_an_override_that_is_not_yaml_exits_with_status_2(capsys):
-    assert cli.main(["report", str(ROOT / "recipes" / "smoke.yaml"), "--x=[1,2"]) == 2
+    assert cli.main(["report", str(ROOT / "recipes" / "smoke.yaml"), "--a.x=[1,2"]) == 2
 
 
 def test_a_recipe_that_is_not_utf8_is_refused_naming_it(tmp_path):
@@ -361,8 +362,8 @@ def test_an_override_yaml_reads_as_octal_is_refused_naming_the_number_it_would_b
 
 
 def test_an_override_yaml_reads_as_base_60_is_refused():
-    with pytest.raises(RecipeError, match=r"^override --x: YAML 1\.1 reads 1:30 as a base-60 number, 90"):
-        parse_overrides(["--x=1:30"])
+    with pytest.raises(RecipeError, match=r"^override --a\.x: YAML 1\.1 reads 1:30 as a base-60 number, 90"):
+        parse_overrides(["--a.x=1:30"])
 
 
 def test_an_override_of_a_plain_zero_is_the_number():
@@ -424,13 +425,47 @@ def test_a_folder_without_recipe_files_given_as_the_recipe_says_it_is_a_folder(t
 
 
 def test_a_misspelt_option_is_not_called_a_malformed_override():
-    with pytest.raises(RecipeError, match=r"^--froce: no such option \(--help lists them\), nor an override"):
+    with pytest.raises(RecipeError, match=r"^--froce: no such option, nor a recipe section: "):
         parse_overrides(["--froce"])
+
+
+def test_a_misspelt_option_given_its_value_after_an_equals_sign_is_refused_as_no_option():
+    with pytest.raises(RecipeError, match=r"^--job: no such option, nor a recipe section: "):
+        parse_overrides(["--job=2"])
+
+
+def test_a_misspelt_short_option_is_refused_as_no_option():
+    with pytest.raises(RecipeError, match=r"^-j: no such option, nor a recipe section: "):
+        parse_overrides(["-j", "2"])
+
+
+def test_a_misspelt_option_is_answered_with_the_nearest_of_the_commands_options():
+    assert "did you mean --jobs? " in not_an_override(["--job=2"], 0, ["-h", "--help", "--jobs", "--force"])
+
+
+def test_a_misspelt_section_is_answered_with_the_nearest_section():
+    with pytest.raises(RecipeError, match=r"^--finetun: .*did you mean --finetune\? "):
+        parse_overrides(["--finetun={optim: {lr: 0.1}}"])
+
+
+def test_a_top_level_setting_given_after_an_equals_sign_is_an_override():
+    assert parse_overrides(["--tracking=mlflow"]) == {"tracking": "mlflow"}
 
 
 def test_a_recipe_key_given_its_value_after_a_space_is_refused_saying_to_write_it_after_an_equals_sign():
     with pytest.raises(RecipeError, match=r"^--name: an override gives its value after =, not a space: --name=VALUE$"):
         parse_overrides(["--name", "x"])
+
+
+def test_a_dotted_key_given_its_value_after_a_space_is_refused_saying_to_write_it_after_an_equals_sign():
+    message = r"^--finetune\.optim\.lr: an override gives its value after =, not a space: --finetune\.optim\.lr=VALUE$"
+    with pytest.raises(RecipeError, match=message):
+        parse_overrides(["--finetune.optim.lr", "5e-5"])
+
+
+def test_a_dotted_key_with_no_value_after_it_is_called_a_malformed_override():
+    with pytest.raises(RecipeError, match=r"^override '--finetune\.optim\.lr' must look like --section\.key=value"):
+        parse_overrides(["--finetune.optim.lr", "--force"])
 
 
 def test_a_misspelt_recipe_file_is_answered_with_the_file_beside_it(tmp_path):
@@ -2219,7 +2254,7 @@ def test_a_positive_label_the_recipe_writes_itself_is_not_said_to_be_inherited(t
     [
         ("--bench.models.batch_sizes=[1,010]", "010"),
         ("--finetune.optim={seed: 010}", "010"),
-        ("--x={a: [1:30]}", "1:30"),
+        ("--a.x={a: [1:30]}", "1:30"),
     ],
 )
 def test_an_override_holding_a_number_yaml_reads_in_another_base_is_refused(override, number):
@@ -2243,7 +2278,7 @@ def test_a_number_with_a_fraction_yaml_reads_as_text_is_not_said_to_be_whole():
 
 
 def test_a_quoted_number_in_another_base_is_text():
-    assert parse_overrides(["--x=['010']"]) == {"x": ["010"]}
+    assert parse_overrides(["--a.x=['010']"]) == {"a.x": ["010"]}
 
 
 def test_an_override_value_yaml_would_cut_at_a_comment_is_refused():
