@@ -12,6 +12,7 @@ import contextlib
 import errno
 import importlib
 import os
+import shlex
 import subprocess
 import sys
 import traceback
@@ -45,6 +46,10 @@ EXIT_STATUSES = (
     "load test's SLO, a failed call); 2 bad arguments, recipe, input or artifacts, or a machine that "
     f"cannot run it; {INTERRUPTED} interrupted (Ctrl-C); {TERMINATED} stopped by SIGTERM; {READER_GONE} the reader of its output stopped early (| head); "
     f"{CRASHED} an unexpected error (a traceback)."
+)
+SERVE_EXIT_STATUSES = (  # serve.app's and its supervisor's, beside those of EXIT_STATUSES
+    f"{PROG} serve has its own besides: 3 after a fault, 71 a worker that could not be started, 128 + N killed by "
+    "signal N (or a worker, under WORKERS)"
 )
 BUILD_NOTHING = ("serve", "call", "headline", "proto")  # the commands that publish no artifact
 STOPPED_BUILDING = "; no artifact was half written: run it again to go on"
@@ -253,7 +258,7 @@ def run_all(argv: list[str]) -> int:
         return 2
     missed = 0
     for command, step in zip(STEPS, steps, strict=True):
-        print(f"[all] {PROG} {' '.join(step)}", flush=True)
+        print(f"[all] {shlex.join([PROG, *step])}", flush=True)  # a line to paste, a mapping override quoted
         status = run_stage(python_module(PROG, *step))
         if status in (INTERRUPTED, TERMINATED):
             return status
@@ -271,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog=PROG,
         description="Distil a Transformer teacher into a small student, export it, benchmark it and serve it.",
-        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: {guide.page('settings.md')}. {EXIT_STATUSES}",
+        epilog=f"`{PROG} COMMAND --help` shows a command's own options. Settings: {guide.page('settings.md')}. "
+        f"{EXIT_STATUSES} {SERVE_EXIT_STATUSES}: {guide.page('troubleshooting.md', 'the-server-exits')}.",
         formatter_class=WholeWordsHelp,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {version(PROG)}")
@@ -330,8 +336,10 @@ def install_hint(name: str, err: ModuleNotFoundError) -> str | None:
     module of this package's own (a bug) or a name no command has."""
     if err.name is None or err.name.partition(".")[0] == PROG or name not in COMMANDS:
         return None
-    extra = "cpu" if err.name == "onnxruntime" else COMMANDS[name].extra  # or gpu: the two wheels exclude each other
-    return f"needs {err.name}, which is not installed: pip install '{PROG}[{extra}]'"
+    install = f"pip install '{PROG}[{COMMANDS[name].extra}]'"
+    if err.name == "onnxruntime":  # its CPU and GPU wheels exclude each other, so no role's extra holds it
+        install = f"pip install '{PROG}[cpu]' ('{PROG}[gpu]' on an NVIDIA GPU machine)"
+    return f"needs {err.name}, which is not installed: {install}"
 
 
 def stopped(label: str, name: str, forced: bool, stop: KeyboardInterrupt) -> int:

@@ -5,6 +5,7 @@ import errno
 import functools
 import importlib
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -121,26 +122,32 @@ def serve_argv(request, tmp_path) -> list[str]:
     return ["serve", "--bundle", str(write_bundle(tmp_path / "bundle")), "--port", "0", "--workers", request.param]
 
 
-@pytest.mark.parametrize(("blocked", "hint"), [("onnxruntime", "cpu"), ("grpc", "serve")])
+ONNX_RUNTIME_INSTALL = "'edgedistill[cpu]' ('edgedistill[gpu]' on an NVIDIA GPU machine)"  # a wheel each
+
+
+@pytest.mark.parametrize(
+    ("blocked", "hint"),
+    [("onnxruntime", ONNX_RUNTIME_INSTALL), ("grpc", "'edgedistill[serve]'")],
+    ids=["onnxruntime", "grpc"],
+)
 def test_a_server_without_its_runtime_names_the_install_command_not_a_traceback(serve_argv, blocked, hint):
     result = run_without(blocked, serve_argv)
-    assert (
-        result.stderr.strip()
-        == f"edgedistill serve: needs {blocked}, which is not installed: pip install 'edgedistill[{hint}]'"
-    )
+    assert result.stderr.strip() == f"edgedistill serve: needs {blocked}, which is not installed: pip install {hint}"
 
 
 def test_a_server_without_its_runtime_exits_2(serve_argv):
     assert run_without("onnxruntime", serve_argv).returncode == 2
 
 
-@pytest.mark.parametrize(("blocked", "hint"), [("onnxruntime", "cpu"), ("grpc", "serve")])
+@pytest.mark.parametrize(
+    ("blocked", "hint"),
+    [("onnxruntime", ONNX_RUNTIME_INSTALL), ("grpc", "'edgedistill[serve]'")],
+    ids=["onnxruntime", "grpc"],
+)
 def test_the_server_module_without_its_runtime_names_the_install_command_not_a_traceback(serve_argv, blocked, hint):
     result = run_without(blocked, serve_argv[1:], module="serve")
-    assert (
-        result.stderr.strip()
-        == f"python -m edgedistill.serve: needs {blocked}, which is not installed: pip install 'edgedistill[{hint}]'"
-    )
+    expected = f"python -m edgedistill.serve: needs {blocked}, which is not installed: pip install {hint}"
+    assert result.stderr.strip() == expected
 
 
 def test_the_server_module_without_its_runtime_exits_2(serve_argv):
@@ -358,6 +365,18 @@ def test_all_names_a_failing_benchmark_by_its_whole_command(monkeypatch, capsys)
     assert "[all] edgedistill bench serving failed with exit status 5" in capsys.readouterr().err
 
 
+def test_all_echoes_each_stage_as_a_command_line_to_paste(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "run_stage", Stages())
+    cli.main(["all", "recipes/smoke.yaml", "--finetune.optim={lr: 0.001}"])
+    echoed = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("[all] edgedistill teacher"))
+    assert shlex.split(echoed.removeprefix("[all] ")) == [
+        "edgedistill",
+        "teacher",
+        "recipes/smoke.yaml",
+        "--finetune.optim={lr: 0.001}",
+    ]
+
+
 def test_all_whose_load_test_missed_its_slo_still_runs_the_report_and_headline(monkeypatch):
     stages = Stages(failing="loadtest", status=1)
     monkeypatch.setattr(cli, "run_stage", stages)
@@ -551,7 +570,11 @@ def test_all_names_the_recipe_section_a_misspelt_override_meant(monkeypatch, cap
 
 
 def test_all_refuses_a_malformed_override_before_any_stage_runs(monkeypatch):
-    assert all_steps(monkeypatch, "--name") == {}
+    stages = Stages()
+    monkeypatch.setattr(cli, "run_stage", stages)
+    with pytest.raises(SystemExit):
+        cli.main(["all", str(ROOT / "recipes" / "smoke.yaml"), "--name"])
+    assert stages.ran == []
 
 
 def test_all_exits_2_on_a_malformed_override(monkeypatch):
@@ -695,7 +718,18 @@ def test_a_command_whose_reader_stopped_early_prints_no_traceback():
 
 
 @pytest.mark.parametrize(
-    "status", ["0 done", "1 a check failed", "2 bad arguments", "130 interrupted", "141 the reader", "70 an unexp"]
+    "status",
+    [
+        "0 done",
+        "1 a check failed",
+        "2 bad arguments",
+        "130 interrupted",
+        "141 the reader",
+        "70 an unexp",
+        "3 after a fault",
+        "71 a worker that could not be started",
+        "128 + N killed by signal N",
+    ],
 )
 def test_the_help_gives_each_exit_status(top_help, status):
     assert status in " ".join(top_help.split())
@@ -795,12 +829,43 @@ def test_a_command_refuses_an_override_of_a_section_it_does_not_read_with_status
 )
 def test_an_abbreviated_option_is_refused_not_read_as_the_option(args, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EDGEDISTILL_RUNS_DIR", str(tmp_path))
-    cli.main(args)
+    with pytest.raises(SystemExit):
+        cli.main(args)
     assert f"{args[-1]}: no such option" in capsys.readouterr().err
+
+
+def test_an_override_before_the_recipe_is_refused_saying_to_give_the_recipe_first(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["teacher", "--finetune.optim={lr: 0.001}", "recipes/smoke.yaml"])
+    assert "came where the recipe goes: give the recipe first, then the overrides" in capsys.readouterr().err
+
+
+def test_an_override_before_the_recipe_is_a_usage_error():
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["teacher", "--finetune.optim={lr: 0.001}", "recipes/smoke.yaml"])
+    assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["distill", "smoke", "--job=2"], ["distill", "smoke", "--job", "2"], ["all", "smoke", "--job=2"]],
+    ids=" ".join,
+)
+def test_a_misspelt_option_is_answered_with_the_commands_nearest_option(args, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(args)
+    assert "--job: no such option, nor a recipe section: did you mean --jobs? " in capsys.readouterr().err
+
+
+def test_a_misspelt_option_given_a_value_after_an_equals_sign_is_a_usage_error():
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["loadtest", "smoke", "--profle=steady"])
+    assert exit_.value.code == 2
 
 
 def test_all_refuses_an_abbreviated_force_before_any_stage_runs(monkeypatch):
     stages = Stages()
     monkeypatch.setattr(cli, "run_stage", stages)
-    cli.main(["all", "recipes/smoke.yaml", "--f"])
+    with pytest.raises(SystemExit):
+        cli.main(["all", "recipes/smoke.yaml", "--f"])
     assert stages.ran == []
