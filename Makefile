@@ -182,9 +182,10 @@ ifneq ($(and $(filter $(BUILDING_BUNDLES),$(MAKECMDGOALS)),$(wildcard $(STAMP)))
 RECIPE_INFO := $(shell $(READ_RECIPE) all)
 $(if $(RECIPE_INFO),,$(error make $(filter $(BUILDING_BUNDLES),$(MAKECMDGOALS)) cannot build $(RECIPE): the error above says why))
 endif
-# The repository goes beside the bundle: runs/<recipe>/triton for the recipe's own.
+# The repository goes beside the bundle (runs/<recipe>/triton for the recipe's own), found by the shell: a BUNDLE given
+# quoted, with a space in it, is one word there, and several to make's word functions.
 triton-repo: $(if $(BUNDLE_GIVEN),$(STAMP),bundles)  ## a Triton model repository for BUNDLE (default: the deployed bundle, built first) in triton/ beside it
-	$(ED) triton-repo $(BUNDLE) $(dir $(patsubst %/,%,$(BUNDLE)))triton
+	$(ED) triton-repo $(BUNDLE) "$$(dirname $(BUNDLE))/triton"
 
 report: $(STAMP)  ## runs/<recipe>/report/index.html (and report.md): figures and tables from every finished stage
 	$(ED) report $(RECIPE)

@@ -33,8 +33,15 @@ def test_make_serve_serves_the_bundle_of_the_recipes_name(tmp_path):
     assert "--bundle runs/renamed/bundle-bilstm-int8" in make_dry_run(tmp_path, "serve")
 
 
+def triton_repo_words(tmp_path, *args: str) -> list[str]:
+    """The words the shell passes to `edgedistill triton-repo` in `make triton-repo ARGS`."""
+    (line,) = [line for line in make_dry_run(tmp_path, "triton-repo", *args).splitlines() if "triton-repo" in line]
+    command = line.replace(".venv/bin/edgedistill triton-repo", "printf '%s\\n'", 1)
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
 def test_make_triton_repo_writes_the_deployed_bundles_repository_in_the_run_folder(tmp_path):
-    assert "triton-repo runs/renamed/bundle-bilstm-int8 runs/renamed/triton\n" in make_dry_run(tmp_path, "triton-repo")
+    assert triton_repo_words(tmp_path) == ["runs/renamed/bundle-bilstm-int8", "runs/renamed/triton"]
 
 
 def test_make_triton_repo_of_a_bundle_given_runs_no_stage_before_it(tmp_path):
@@ -44,7 +51,12 @@ def test_make_triton_repo_of_a_bundle_given_runs_no_stage_before_it(tmp_path):
 
 @pytest.mark.parametrize("bundle", ["/srv/bundle-tiny", "/srv/bundle-tiny/"])
 def test_make_triton_repo_of_a_bundle_given_writes_the_repository_beside_it(tmp_path, bundle):
-    assert f"triton-repo {bundle} /srv/triton\n" in make_dry_run(tmp_path, "triton-repo", f"BUNDLE={bundle}")
+    assert triton_repo_words(tmp_path, f"BUNDLE={bundle}") == [bundle, "/srv/triton"]
+
+
+def test_make_triton_repo_of_a_bundle_given_quoted_with_a_space_writes_the_repository_beside_it(tmp_path):
+    words = triton_repo_words(tmp_path, "BUNDLE='/srv/my runs/bundle-tiny'")
+    assert words == ["/srv/my runs/bundle-tiny", "/srv/my runs/triton"]
 
 
 def test_make_clean_removes_the_run_folder_of_the_recipes_name(tmp_path):
