@@ -111,12 +111,21 @@ def start_teacher(recipe: Recipe, folder: str, pad_id: int):
     """The teacher before its first step, from checkpoint `folder`, and the keys of `model.init`'s head for other
     labels, drawn afresh. The pretrain stage's folder holds no pooler or classification head (language-model
     training has none): after pretraining continued from `model.init`, those of `model.init` are kept, as without
-    pretraining."""
+    pretraining, where it can still be read (else they start afresh, with a warning)."""
     model, loaded = classifier_from(folder, recipe, pad_id)
     if recipe.pretrain is None or not recipe.model.init:
         return model, loaded["mismatched_keys"]
-    with torch.random.fork_rng(devices=[]):  # the teacher's training draws as it would without this load
-        init_model, init_loaded = classifier_from(recipe.model.init, recipe, pad_id)
+    try:
+        with torch.random.fork_rng(devices=[]):  # the teacher's training draws as it would without this load
+            init_model, init_loaded = classifier_from(recipe.model.init, recipe, pad_id)
+    except OSError as err:  # a Hub name no longer cached, offline; a folder moved since the pretraining read it
+        if dist.is_main():
+            print(
+                f"[teacher] warning: model.init {recipe.model.init} cannot be read now "
+                f"({str(err).strip().splitlines()[0]}): the pooler and classification head start afresh, as "
+                "continued pretraining trains none"
+            )
+        return model, loaded["mismatched_keys"]
     mismatched = init_loaded["mismatched_keys"]
     drawn = {*init_loaded["missing_keys"], *(key for key, *_ in mismatched)}
     if kept := sorted(set(loaded["missing_keys"]) - drawn):

@@ -62,6 +62,16 @@ def test_after_continued_pretraining_the_teacher_starts_from_the_init_s_head_of_
     assert torch.equal(teacher.classifier.weight, init["classifier.weight"])
 
 
+def test_after_continued_pretraining_an_init_no_longer_readable_is_warned_of(tmp_path, capsys):
+    init = tiny_bert(tmp_path / "init", 2)
+    BertForMaskedLM.from_pretrained(init).save_pretrained(tmp_path / "pretrain")
+    tokenizer = AutoTokenizer.from_pretrained(init)
+    tokenizer.save_pretrained(tmp_path / "pretrain")
+    recipe = load_recipe(ROOT / "recipes" / "smoke.yaml", {"model.init": str(tmp_path / "moved")})
+    start_teacher(recipe, str(tmp_path / "pretrain"), tokenizer.pad_token_id)
+    assert f"[teacher] warning: model.init {tmp_path / 'moved'} cannot be read now" in capsys.readouterr().out
+
+
 def test_after_continued_pretraining_an_init_head_for_other_labels_is_told_drawn_afresh(tmp_path_factory):
     _, (_, mismatched) = continued(tmp_path_factory, num_labels=3)
     assert sorted(key for key, *_ in mismatched) == ["classifier.bias", "classifier.weight"]
