@@ -140,6 +140,22 @@ class Recipe(Strict):
         return self
 
     @model_validator(mode="after")
+    def _cascade_routing_choices_apply(self):
+        if self.export is None or self.data.num_labels != 2:
+            return self
+        for name, cascade in self.export.cascades.items():
+            moot = [f"rule: {cascade.rule}"] if cascade.rule != "max_prob" else []
+            moot += [] if cascade.temperature_scaling else ["temperature_scaling: false"]
+            if moot:
+                raise ValueError(
+                    f"export.cascades.{name}: {' and '.join(moot)} would not apply: with two labels every rule, at "
+                    "any temperature, orders the texts by the gap between their two logits, and a threshold is chosen "
+                    "by that order, so each member keeps the texts max_prob keeps (they matter with three labels or "
+                    f"more; remove {' and '.join(entry.partition(':')[0] for entry in moot)})"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _labeller_is_a_cpu_teacher_bundle(self):
         name = self.transfer.labeller if self.transfer else None
         margin = self.transfer.relabel_margin if self.transfer else None

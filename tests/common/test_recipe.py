@@ -1715,6 +1715,21 @@ def test_a_cascade_with_every_unlabelled_line_read_by_the_transfer_set_is_refuse
         load_recipe(tmp_path / "exp.yaml")
 
 
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [("rule: margin", "rule: margin"), ("temperature_scaling: false", "temperature_scaling: false")],
+)
+def test_a_cascade_routing_choice_of_a_two_label_task_is_refused_as_changing_nothing(tmp_path, setting, named):
+    text = f"extends: smoke\nexport:\n  cascades:\n    bilstm-cascade: {{{setting}}}\n"
+    with pytest.raises(RecipeError, match=rf"export\.cascades\.bilstm-cascade: {named} would not apply"):
+        load_recipe(write(tmp_path, text))
+
+
+def test_a_cascade_routing_choice_of_a_task_of_three_labels_is_taken(tmp_path):
+    text = "extends: smoke\ndata: {label_names: [a, b, c]}\nexport:\n  cascades:\n    bilstm-cascade: {rule: margin}\n"
+    assert load_recipe(write(tmp_path, text)).export.cascades["bilstm-cascade"].rule == "margin"
+
+
 def test_a_cascade_without_a_transfer_set_is_refused(tmp_path):
     text = (
         TEACHER_ALONE + "  bundles: {bilstm-int8: null}\n  cascades: {pair: {members: [teacher-int8, teacher-onnx]}}\n"
