@@ -3,20 +3,24 @@
 import argparse
 import re
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser without abbreviated options: `--forc` is refused as unknown, not read as `--force`. Its
-    subcommands' parsers are of this class too. One that takes a recipe (a positional `recipe`) leaves the arguments
-    it does not know to be the recipe's overrides, and refuses those that are none (`refuse_non_overrides`)."""
+    subcommands' parsers are of this class too. One that takes a recipe (`common.recipe.add_recipe_argument`) leaves
+    the arguments it does not know to be the recipe's overrides, and refuses those that are none
+    (`refuse_non_overrides`, by its `not_an_override`)."""
+
+    not_an_override: Callable[[list[str], int, list[str]], str | None] | None = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, rest = super().parse_known_args(args, namespace)
-        if any(action.dest == "recipe" and not action.option_strings for action in self._actions):
+        if self.not_an_override is not None:
             self.refuse_non_overrides(namespace.recipe, rest)
         return namespace, rest
 
@@ -24,13 +28,11 @@ class ArgumentParser(argparse.ArgumentParser):
         """A usage error for an override given before the recipe, which argparse reads as the recipe where it holds a
         space (`'--finetune.optim={lr: 1e-4}' sst2`), and for a misspelt option among the `overrides`, naming the
         nearest of this parser's options; here, not where the overrides are read, as only the parser knows them."""
-        from edgedistill.common.recipe import not_an_override  # which imports this module
-
         if recipe.startswith("--"):
             self.error(f"{recipe} came where the recipe goes: give the recipe first, then the overrides")
         options = [option for action in self._actions for option in action.option_strings]
         for index in range(len(overrides)):
-            if refusal := not_an_override(overrides, index, options):
+            if refusal := self.not_an_override(overrides, index, options):
                 self.error(refusal)
 
 

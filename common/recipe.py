@@ -882,6 +882,7 @@ def add_recipe_argument(parser: argparse.ArgumentParser, command: str) -> None:
     """The positional `recipe`, and the lines of the help that say how `command` (as `edgedistill` names it, e.g.
     `bench serving`) takes overrides."""
     parser.add_argument("recipe", help=RECIPE_HELP)
+    parser.not_an_override = not_an_override  # a `common.arguments.ArgumentParser` refuses what is none
     parser.formatter_class = WholeWordsHelp  # the epilog names a page of the docs, a path
     parser.epilog = " ".join(filter(None, [parser.epilog, overrides_help(command), reads_help(command)]))
 

@@ -233,7 +233,7 @@ def run_stage(command: list[str]) -> int:
 
 def run_all(argv: list[str]) -> int:
     """Every stage in its own process; the exit status of the first that fails, else 0."""
-    from edgedistill.common.recipe import RECIPE_HELP, parse_overrides
+    from edgedistill.common.recipe import RECIPE_HELP, not_an_override, parse_overrides
     from edgedistill.common.scenarios import scenario_weights
     from edgedistill.common.settings import refuse_measured_variables
 
@@ -245,6 +245,7 @@ def run_all(argv: list[str]) -> int:
         "reads (`edgedistill <command> --help` names them), and one no stage reads is refused.",
     )
     parser.add_argument("recipe", help=RECIPE_HELP)
+    parser.not_an_override = not_an_override
     parser.add_argument("--jobs", type=count, default=JOBS, help=f"students trained at once (default {JOBS})")
     parser.add_argument("--force", action="store_true", help="build and measure every stage again, up to date or not")
     args, overrides = parser.parse_known_args(argv)

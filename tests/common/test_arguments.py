@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 from edgedistill.common.arguments import ArgumentParser, WholeWordsHelp, file_in_the_way, input_file, readable_file
+from edgedistill.common.recipe import add_recipe_argument
 
 PAGE = "/opt/venv/lib/python3.11/site-packages/edgedistill/docs/export.md#fusion-by-model-type"
 
@@ -75,7 +76,7 @@ def recipe_parser(recipe: bool = True) -> ArgumentParser:
     """A command's parser with a `--jobs` option, which takes a recipe and its overrides where `recipe`."""
     parser = ArgumentParser(prog="p")
     if recipe:
-        parser.add_argument("recipe")
+        add_recipe_argument(parser, "distill")
     parser.add_argument("--jobs", type=int)
     return parser
 
