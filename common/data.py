@@ -205,6 +205,19 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
             raise _cannot_decompress(f"{path}:{number + 1}", err) from None
 
 
+def _json_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(number, line) of a JSON Lines file (`_numbered_lines`), each line ended by LF alone (a CR within one is JSON's
+    whitespace) and given as soon as its LF is read: the next line is not read before it is taken."""
+    pieces = []
+    for number, piece in _numbered_lines(path):
+        pieces.append(piece)
+        if piece.endswith("\n"):  # the pieces of a line before its last end in a CR
+            yield number, "".join(pieces)
+            pieces = []
+    if pieces:  # a last line ended by a CR, or by the file's end
+        yield number, "".join(pieces)
+
+
 def _text_stream(path: Path) -> Iterator[str]:
     """The lines of a UTF-8 file, line ends kept (`_numbered_lines`)."""
     return (line for _, line in _numbered_lines(path))
@@ -230,9 +243,9 @@ def _rows(path: Path) -> Iterator[tuple[int, dict, int]]:
     suffix = _format(path)
     if suffix not in LABELLED_FORMATS:
         raise DataError(f"{path}: unsupported format {suffix!r}; use .tsv, .csv or .jsonl (or any of them .gz)")
-    if suffix == ".jsonl":  # JSON Lines ends a line at LF alone: a CR within one is JSON's whitespace
-        for number, pieces in itertools.groupby(_numbered_lines(path), key=lambda numbered: numbered[0]):
-            if (line := "".join(piece for _, piece in pieces)).strip():
+    if suffix == ".jsonl":
+        for number, line in _json_lines(path):
+            if line.strip():
                 try:
                     row = json.loads(line, object_pairs_hook=_unique_keys)
                 except json.JSONDecodeError as err:
@@ -269,6 +282,13 @@ def _rows(path: Path) -> Iterator[tuple[int, dict, int]]:
         # the header is the first line that is not blank: blank lines before it are skipped, as they are after it
         reader.fieldnames = header = next((cells for cells in reader.reader if not _blank(cells)), [])
         last = named = reader.reader.line_num
+        # a file separated otherwise than its name says reads as one column: said before a row's fields are counted,
+        # which a text holding the name's separator (a comma in a .csv file of semicolons) would make more
+        if len(header) == 1 and (separator := next((sep for sep in ",;\t|" if sep in header[0]), None)):
+            raise DataError(
+                f"{path}:{named} (the header): found {header}, one column holding {separator!r}: a .csv file is "
+                "separated by commas and a .tsv file by tabs; save it so, or give it the name of its format"
+            )
         # columns without a name (a spreadsheet's empty ones, `a,b,,`) are read by no setting, however many
         if twice := sorted({name for name in header if name and header.count(name) > 1}):
             raise DataError(f"{path}:{named} (the header): column(s) {twice} named more than once; rename them")
@@ -422,12 +442,6 @@ def _missing_columns(
     delimited = _format(Path(source)) in (".tsv", ".csv")
     where = f"{source}:{named}" + (" (the header)" if delimited else "")
     settings = "data.text_column / data.label_column" + (" / data.text_pair_column" if cfg.text_pair_column else "")
-    separator = next((sep for sep in ",;\t|" if delimited and len(row) == 1 and sep in next(iter(row))), None)
-    if separator:  # a file separated by another character than its name says reads as one column
-        return DataError(
-            f"{where}: missing column(s) {missing}; {found}, one column holding {separator!r}: a .csv file is "
-            "separated by commas and a .tsv file by tabs; save it so, or give it the name of its format"
-        )
     label = next((cell for cell in row if _is_label(cell, cfg.label_names)), None)
     if delimited and label is not None and not {cfg.text_column, cfg.label_column, cfg.text_pair_column} & set(row):
         return DataError(
@@ -528,6 +542,18 @@ def _check_class_names(source: str, feature, cfg: DataConfig) -> None:
         )
 
 
+def _without_label(where: str, label, class_label: bool) -> DataError:
+    """The error for a label that marks an example without one: -1 or None in a Hub class label, or -1 (as `datasets`
+    writes such a label to a file: GLUE's test splits saved with to_json or to_csv) where no label is named so."""
+    marked = "a Hub class label" if class_label else "a split `datasets` saved"
+    named = "" if class_label else "; if -1 is a label of the task, write data.label_names as the split names them"
+    return DataError(
+        f"{where}: label {label!r}, which marks an example without a label in {marked}: the split is unlabelled (as "
+        f"GLUE's test splits are) or holds such examples (as a few of SNLI's do); {LABELLED_ONLY} (train[90%:]), or "
+        f"the split without those examples saved as a file{named}"
+    )
+
+
 def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Examples:
     """Read `(text, [pair], label)` examples, checking columns; a label is a name in `label_names` or its index.
     With `limit`, the first `limit` examples, reading no further."""
@@ -564,12 +590,8 @@ def load_labelled(source: str, cfg: DataConfig, limit: int | None = None) -> Exa
         where = f"{source}:{number}"
         texts.append(_text(row[cfg.text_column], where, cfg.text_column, "remove the line"))
         label = row[cfg.label_column]
-        if class_label and label in (-1, None):
-            raise DataError(
-                f"{where}: label {label}, which marks an example without a label in a Hub class label: the split is "
-                f"unlabelled (as GLUE's test splits are) or holds such examples (as a few of SNLI's do); {LABELLED_ONLY} "
-                "(train[90%:]), or the split without those examples saved as a file"
-            )
+        if label in (-1, None) if class_label else (str(label).strip() == "-1" and "-1" not in names):
+            raise _without_label(where, label, class_label)
         if label is None or isinstance(label, str) and not label.strip():
             raise DataError(f"{where}: empty {cfg.label_column!r}; give the example its label, or remove the line")
         if isinstance(label, int) and not isinstance(label, bool) and not class_label:

@@ -184,6 +184,17 @@ def test_a_spreadsheets_empty_columns_without_names_are_read_past(tmp_path):
         ("a.csv", "sentence;label\ngood;1\n", "';'"),
         ("a.csv", "sentence\tlabel\ngood\t1\n", "'\\\\t'"),
         ("a.tsv", "sentence,label\ngood,1\n", "','"),
+        ("a.csv", "sentence;label\ngood, really;1\n", "';'"),
+        ("a.csv", "sentence\tlabel\ngood, really\t1\n", "'\\\\t'"),
+        ("a.tsv", "sentence,label\ngood\treally,1\n", "','"),
+    ],
+    ids=[
+        "semicolons",
+        "tabs",
+        "commas",
+        "semicolons, a text holding a comma",
+        "tabs, a text holding a comma",
+        "commas, a text holding a tab",
     ],
 )
 def test_a_file_separated_otherwise_than_its_name_says_is_named_so(tmp_path, name, content, separator):
@@ -534,6 +545,20 @@ def test_a_limit_reads_not_even_the_row_after_it(tmp_path, name, content):
     assert train.texts == ["good", "bad"]
 
 
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("s.tsv", b"sentence\tlabel\ngood\t1\nbad \xff\t0\n"),
+        ("s.jsonl", b'{"sentence": "good", "label": 1}\n{"sentence": "bad \xff", "label": 0}\n'),
+        ("s.jsonl", b'{"sentence": "good",\r"label": 1}\n{"sentence": "bad \xff", "label": 0}\n'),
+    ],
+    ids=["tsv", "jsonl", "jsonl, a CR within the line"],
+)
+def test_a_limit_decodes_not_even_the_line_after_it(tmp_path, name, content):
+    (tmp_path / name).write_bytes(content)
+    assert load_labelled(str(tmp_path / name), CFG, limit=1).texts == ["good"]
+
+
 def write_labels(tmp_path, *cells, name="l.tsv") -> str:
     path = tmp_path / name
     path.write_text("question\tlabel\n" + "".join(f"what is it ?\t{cell}\n" for cell in cells))
@@ -656,7 +681,7 @@ def test_shared_trec_labels_by_name(data_dir):
     assert sorted(set(dev.labels)) == [0, 1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("cell", ["hum", "6", "-1", "1.0", "HUMAN"])
+@pytest.mark.parametrize("cell", ["hum", "6", "-2", "1.0", "HUMAN"])
 def test_unknown_label_names_file_line_and_value(tmp_path, cell):
     with pytest.raises(DataError, match=rf"l\.tsv:3: label '{re.escape(cell)}' is neither one of data\.label_names"):
         load_labelled(write_labels(tmp_path, "HUM", cell), TREC)
@@ -1159,6 +1184,23 @@ def test_a_hub_integer_column_that_is_no_class_label_is_read_by_name_first(monke
     import datasets
 
     assert load_labelled(hub_split(monkeypatch, [5, 1], datasets.Value("int64")), STARS).labels == [4, 0]
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [("t.csv", "sentence,label,idx\nfine,-1,0\n"), ("t.jsonl", '{"sentence": "fine", "label": -1, "idx": 0}\n')],
+    ids=["csv", "jsonl"],
+)
+def test_a_saved_unlabelled_split_of_labels_minus_one_is_told_to_use_a_labelled_one(tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(DataError, match=re.escape(data.LABELLED_ONLY)):
+        load_labelled(str(tmp_path / name), CFG)
+
+
+def test_a_jsonl_label_of_minus_one_is_shown_as_the_integer_it_is(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"sentence": "fine", "label": -1}\n')
+    with pytest.raises(DataError, match=r"t\.jsonl:1: label -1, which marks an example without a label"):
+        load_labelled(str(tmp_path / "t.jsonl"), CFG)
 
 
 def test_a_hub_class_label_of_minus_one_says_the_split_is_unlabelled(monkeypatch):
