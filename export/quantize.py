@@ -57,7 +57,8 @@ def _without_advice():
     finally:
         for name in _ADVISING_LOGGERS:
             logging.getLogger(name).removeFilter(advice)
-        sys.stdout.writelines(line for line in printed.getvalue().splitlines(keepends=True) if not _is_advice(line))
+        if sys.stdout is not None:  # None where the process runs with its stdout closed: a print writes nothing
+            sys.stdout.writelines(line for line in printed.getvalue().splitlines(keepends=True) if not _is_advice(line))
 
 
 def _clear_value_info(src: Path, dst: Path) -> Path:

@@ -3,6 +3,7 @@ activations are quantized too."""
 
 import contextlib
 import logging
+import sys
 
 import numpy as np
 import onnx
@@ -185,5 +186,11 @@ def test_holding_back_advice_passes_on_anything_else_printed(capsys):
 
 
 def test_holding_back_advice_lets_a_failure_through():
+    with pytest.raises(ValueError, match="a real failure"), quantize._without_advice():
+        raise ValueError("a real failure")
+
+
+def test_holding_back_advice_with_stdout_closed_lets_a_failure_through(monkeypatch):
+    monkeypatch.setattr(sys, "stdout", None)
     with pytest.raises(ValueError, match="a real failure"), quantize._without_advice():
         raise ValueError("a real failure")
