@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.table import Table
 
+MOST_DECIMALS = 6  # a measured figure refined past these is written with an exponent (`measured`)
 PASSED, MISSED = "pass", "MISS"  # a check's result; a miss in capitals, so that it stands out in a table
 
 
@@ -45,7 +46,8 @@ def measured(verdict: dict, text: Callable[[object], str]) -> str:
     number unless it is that number, nor a number on its other side: a p99 of 3.00004 ms is not 3 against <= 3, nor
     100.4 ms 100 against <= 100.2, nor 1 failed call in 12,000 an error rate of 0.00 against <= 0. A figure written
     with an exponent gets more significant digits (an error rate of
-    1.00001e-05 against <= 1e-05), one written without more decimals."""
+    1.00001e-05 against <= 1e-05), one written without more decimals, up to `MOST_DECIMALS`, then significant digits
+    (1e-300 against <= 0)."""
     value, limit = verdict["measured"], _limit_value(verdict["limit"])
     written = text(value)
     if not isinstance(value, float) or limit is None or value == limit:
@@ -53,6 +55,8 @@ def measured(verdict: dict, text: Callable[[object], str]) -> str:
     style = "g" if "e" in written else "f"
     digits = 0 if style == "g" else len(written.partition(".")[2])
     while float(written) == limit or (float(written) < limit) != (value < limit):
+        if style == "f" and digits >= MOST_DECIMALS:  # a figure this close to its limit, in significant digits
+            style, digits = "g", 2
         digits += 1
         written = f"{value:.{digits}{style}}"
     return written

@@ -104,3 +104,8 @@ def test_a_markdown_cell_that_would_open_an_html_tag_is_escaped():
 
 def test_a_markdown_cell_with_a_comparison_is_left_as_it_is():
     assert tables.markdown(["wanted"], [["<= 0.001"]])[2] == "| <= 0.001 |"
+
+
+def test_a_measured_figure_far_below_its_decimals_is_written_with_an_exponent():
+    verdict = {"name": "error_rate", "measured": 1e-300, "limit": "<= 0", "passed": False}
+    assert tables.measured(verdict, lambda measured: f"{measured:.2f}") == "1e-300"
