@@ -110,13 +110,15 @@ def vocab_replacer(vocabulary: Iterable[str]) -> Replacer:
 # brackets after a stop end its sentence: attached (`."`, `。」`) or, as `ptb_lower` writes them, tokens of their own
 # (`. ''`), so none starts the next; where they are attached and a lower-case word follows, the quote was a part of its
 # sentence (`"Well done!" said Emma.`), which goes on; so too where Chinese or Japanese follows them unspaced
-# (`「楽しかった。」と言った。`), as those languages write no space after a sentence. Closers attached come first and each
-# later run after a space: one way to read a run, where `(?: ?C+)*` would try every split of it.
+# (`「楽しかった。」と言った。`, or in `ptb_lower` `。 '' 他说`), as those languages write no space after a sentence.
+# Closers attached come first and each later run after a space: one way to read a run, where `(?: ?C+)*` would try
+# every split of it.
 _UNSPACED_CHAR = r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]"  # kana and CJK ideographs
 _STOP, _FULL_STOP, _CLOSE = "[.!?؟۔।]", "[。！？]", "[\"')\\]”’〉》」』】〕〗〙〛）］｝｠｣]"
 _SENTENCE_END = re.compile(
     rf"(?<={_STOP})(?:{_CLOSE}+(?: {_CLOSE}+)* (?![a-zß-ÿ])|(?: {_CLOSE}+)* )(?!{_STOP}|{_CLOSE}+(?: |$))"
-    rf"|(?<={_FULL_STOP})(?!{_CLOSE}+{_UNSPACED_CHAR}){_CLOSE}* ?(?!{_FULL_STOP}|{_CLOSE})"
+    rf"|(?<={_FULL_STOP})(?!(?:{_CLOSE}+(?: {_CLOSE}+)*|(?: {_CLOSE}+)+) ?{_UNSPACED_CHAR})"
+    rf"{_CLOSE}*(?: {_CLOSE}+)* ?(?!{_FULL_STOP}|{_CLOSE})"
 )
 _WORD = re.compile(r"\w")
 _UNSPACED = re.compile(_UNSPACED_CHAR)

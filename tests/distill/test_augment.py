@@ -232,8 +232,10 @@ def test_a_closing_quote_or_bracket_after_a_sentence_end_stays_with_its_sentence
     assert split_sentences(raw, style) == sentences
 
 
-def test_chinese_or_japanese_straight_after_a_closer_goes_on_with_its_sentence():
-    assert split_sentences("彼は「楽しかった。」と言った。", "raw") == ["彼は「楽しかった。」と言った。"]
+@pytest.mark.parametrize("style", ["raw", "ptb_lower"])
+@pytest.mark.parametrize("raw", ["彼は「楽しかった。」と言った。", "他说：“我很高兴见到你。”然后他走了出去。"])
+def test_chinese_or_japanese_straight_after_a_closer_goes_on_with_its_sentence(raw, style):
+    assert len(split_sentences(raw, style)) == 1
 
 
 def test_a_quote_ending_in_a_stop_before_a_lower_case_word_stays_in_its_sentence():
