@@ -16,7 +16,7 @@ from types import ModuleType
 
 from edgedistill.common import manifest as mf
 from edgedistill.common.arguments import ArgumentParser
-from edgedistill.common.atomic import atomic_write
+from edgedistill.common.atomic import atomic_write, publish_folder
 from edgedistill.common.bundle import PADDING_SIDE, Bundle, BundleSpec, TensorSpec, load_bundle
 from edgedistill.common.providers import cuda_options
 from edgedistill.common.runtime import (
@@ -222,7 +222,12 @@ def write_repository(bundle_folder: str | Path, repo_root: str | Path, **batchin
         (folder / "config.pbtxt").write_text(text_format.MessageToString(config), encoding="utf-8")
 
     replaced = final.exists()
-    atomic_write(final, fill)
+    # Made beside the repository, not in it: Triton reads each of its folders as a model, hidden ones too, and one
+    # half-written, or the old one a rewrite swaps out, would be a model it fails to load
+    staged = root.resolve().parent / f".{root.name}.{spec.name}"
+    atomic_write(staged, fill)
+    root.mkdir(parents=True, exist_ok=True)
+    publish_folder(staged, final)
     if replaced:
         print(f"replaced {final} whole: its earlier versions and config.pbtxt are gone", file=sys.stderr)
     return final

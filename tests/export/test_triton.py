@@ -1,3 +1,4 @@
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -448,3 +449,24 @@ def test_the_clis_batching_flags_reach_the_config(tmp_path):
 def test_an_unknown_batching_option_is_refused(tmp_path):
     with pytest.raises(ValueError, match="max_batch"):
         write_repository(make_bundle(tmp_path), tmp_path / "repo", max_batch=8)
+
+
+def test_a_repository_holds_nothing_but_its_model_folder_while_it_is_written_again(tmp_path, monkeypatch):
+    bundle, repo = make_bundle(tmp_path), tmp_path / "repo"
+    write_repository(bundle, repo)
+    seen, copy = [], shutil.copyfile
+
+    def copy_seen(src, dst):  # the model file copied while the repository is in use
+        seen.append(sorted(path.name for path in repo.iterdir()))
+        return copy(src, dst)
+
+    monkeypatch.setattr(shutil, "copyfile", copy_seen)
+    write_repository(bundle, repo)
+    assert seen == [[NAME]]
+
+
+def test_a_repository_holds_nothing_but_its_model_folder_once_written_again(tmp_path):
+    bundle, repo = make_bundle(tmp_path), tmp_path / "repo"
+    write_repository(bundle, repo)
+    write_repository(bundle, repo)
+    assert sorted(path.name for path in repo.iterdir()) == [NAME]
