@@ -268,7 +268,7 @@ def _build(inputs: Inputs, texts_file: Path | None, pairs_file: PairsFile | None
             "the deployed cascade, else the first)"
         )
     bundle = load_bundle(bundle_folder)
-    examples = load_texts(inputs.recipe.data, bundle.spec.pairs, texts_file, pairs_file)
+    examples = load_texts(inputs.recipe.data, bundle.spec.pairs, texts_file, pairs_file, takes_files=True)
     check_readable([bundle], examples, texts_file, pairs_file)
     flags, settings = measured_server(bundle_folder, cfg.threads)
     work = inputs.fresh_work()

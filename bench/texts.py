@@ -135,10 +135,11 @@ def load_texts(
     pairs_file: PairsFile | None = None,
     count: int = TEXT_COUNT,
     seed: int = 0,
+    takes_files: bool = False,
 ) -> Examples:
     """Up to `count` shuffled examples from `texts_file` (one text per line) or `pairs_file` (`read_pairs_file`),
     else from the recipe's dev split. `pairs`: whether the served model takes pairs; examples of the other kind are
-    refused."""
+    refused (`check_kind`; `takes_files`: the command has `--texts` and `--pairs`)."""
     if texts_file is not None and pairs_file is not None:
         raise BenchError("give a texts file or a pairs file, not both")
     if texts_file is not None:
@@ -149,22 +150,26 @@ def load_texts(
         examples = dev_split(data)
     if not examples.texts:
         raise BenchError(f"{examples.source} holds no texts")
-    check_kind(examples, pairs)
+    check_kind(examples, pairs, takes_files)
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     return examples.take(order[:count])
 
 
-def check_kind(examples: Examples, pairs: bool) -> None:
-    """`BenchError` unless the examples are pairs exactly when the model takes pairs."""
+def check_kind(examples: Examples, pairs: bool, takes_files: bool = False) -> None:
+    """`BenchError` unless the examples are pairs exactly when the model takes pairs, naming the files to pass
+    instead where the command takes them (`takes_files`: `add_texts_arguments`)."""
     if pairs and examples.pairs is None:
+        file = ", or pass a pairs file (--pairs: text<TAB>pair on each line)" if takes_files else ""
         raise BenchError(
-            f"the model takes text pairs, and {examples.source} holds single texts: pass a pairs file "
-            "(text<TAB>pair on each line), or use the recipe of its task (data.text_pair_column set)"
+            f"the model takes text pairs, and {examples.source} holds single texts: use the recipe of its task "
+            f"(data.text_pair_column set){file}"
         )
     if not pairs and examples.pairs is not None:
+        file = ", or pass a texts file (--texts: one per line)" if takes_files else ""
         raise BenchError(
-            f"the model takes single texts, and {examples.source} holds text pairs: pass a texts file (one per line)"
+            f"the model takes single texts, and {examples.source} holds text pairs: use the recipe of its task "
+            f"(data.text_pair_column unset){file}"
         )
 
 

@@ -211,7 +211,7 @@ def _build(
     recipe = inputs.recipe
     cfg = recipe.loadtest or LoadtestConfig()
     loaded = load_served(bundle)
-    examples = load_texts(recipe.data, loaded.pairs, texts_file, pairs_file)
+    examples = load_texts(recipe.data, loaded.pairs, texts_file, pairs_file, takes_files=True)
     flags, settings = measured_server(bundle, cfg.threads)  # the sampler watches one server process
     work = inputs.fresh_work()
     plan = Plan(

@@ -211,6 +211,22 @@ def test_pairs_for_a_single_text_model_are_refused(pairs_dev):
         load_texts(pair_data(pairs_dev), pairs=False)
 
 
+def test_a_command_without_text_files_names_none_to_pass(pairs_dev):
+    with pytest.raises(BenchError) as refused:
+        load_texts(pair_data(pairs_dev), pairs=False)
+    assert "file" not in str(refused.value).rpartition(":")[2]
+
+
+def test_a_command_with_text_files_names_the_texts_file_to_pass_for_a_single_text_model(pairs_dev):
+    with pytest.raises(BenchError, match=r"or pass a texts file \(--texts"):
+        load_texts(pair_data(pairs_dev), pairs=False, takes_files=True)
+
+
+def test_a_command_with_text_files_names_the_pairs_file_to_pass_for_a_pair_model(texts_file, pairs_dev):
+    with pytest.raises(BenchError, match=r"or pass a pairs file \(--pairs"):
+        load_texts(data(pairs_dev), pairs=True, texts_file=texts_file, takes_files=True)
+
+
 def test_a_file_without_texts_is_refused(tmp_path, pairs_dev):
     (tmp_path / "empty.txt").write_text("\n  \n")
     with pytest.raises(BenchError, match="holds no texts"):
