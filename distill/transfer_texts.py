@@ -18,7 +18,7 @@ from edgedistill.common import progress
 from edgedistill.common.data import Examples, line_count, load_splits, load_test, unlabelled_lines, unreadable_files
 from edgedistill.common.recipe import Recipe, RecipeError
 from edgedistill.common.text import read_texts, write_texts
-from edgedistill.common.textstyle import Style, styled
+from edgedistill.common.textstyle import Style, as_served, styled
 from edgedistill.distill.augment import (
     MIN_WORDS,
     augment_examples,
@@ -146,7 +146,8 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
     train, dev = load_splits(recipe.data)
     leaks = leak_filter(held_out_texts(dev, load_test(recipe.data)), cfg.text_style)
     columns = [train.texts] + ([train.pairs] if train.pairs is not None else [])
-    styled_train = zip(*([styled(t, cfg.text_style) for t in column] for column in columns), strict=True)
+    # as the dev split is scored and the server reads them (`raw`: the words as written, `< .SPX >` tickers kept)
+    styled_train = zip(*(as_served(column, cfg.text_style) for column in columns), strict=True)
     train_examples, train_labels, overlapping = [], [], 0
     for example, label in zip(styled_train, train.labels, strict=True):
         if any(leaks(side) for side in example):

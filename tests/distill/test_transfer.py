@@ -103,6 +103,12 @@ def built_from(tmp_path, train: list[str], dev: list[str], style: str = "ptb_low
     return build_texts(task_recipe(tmp_path, train, dev, style, **overrides), "[MASK]")
 
 
+@pytest.mark.parametrize("style", ["raw", "ptb_lower"])
+def test_a_train_text_reaches_the_transfer_set_as_the_server_reads_it(tmp_path, style):
+    train = "The broad Standard &amp; Poor 's 500 < .SPX > fell 10.75 points ."
+    assert built_from(tmp_path, [train], ["another film"], style).texts[0] == as_served([train], style)[0]
+
+
 def composition_of(tmp_path, train: list[str], dev: list[str], style: str = "ptb_lower", **overrides) -> dict:
     """The composition of `built_from`'s transfer set."""
     return built_from(tmp_path, train, dev, style, **overrides).composition
