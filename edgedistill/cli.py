@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import errno
 import importlib
+import io
 import os
 import shlex
 import subprocess
@@ -304,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
 def guarded(label: str, name: str, work: Callable[[], int], forced: bool = False) -> int:
     """`work()`'s exit status; where it ends by Ctrl-C or an error of no stage's own, one line naming `label` (after
     the traceback of an unexpected error) and the status `EXIT_STATUSES` gives it. `name`: the `edgedistill` command
-    that runs, and `forced`: whether with `--force`, for what the line of an interrupted one adds."""
+    that runs, and `forced`: whether with `--force`, for what the line of an interrupted one adds. Its stdout is
+    written line by line: a log or a pipe gets each evaluation and summary line as it is printed, not at the exit."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         with terminated_as_interrupted() if name not in BUILD_NOTHING else contextlib.nullcontext():
             return work()

@@ -5,6 +5,7 @@ import errno
 import functools
 import importlib
 import os
+import select
 import shlex
 import subprocess
 import sys
@@ -869,3 +870,27 @@ def test_all_refuses_an_abbreviated_force_before_any_stage_runs(monkeypatch):
     with pytest.raises(SystemExit):
         cli.main(["all", "recipes/smoke.yaml", "--f"])
     assert stages.ran == []
+
+
+# a command whose work prints a line on stdout, then waits for its stdin to close
+PRINTS_THEN_WAITS = """
+import sys
+from edgedistill.cli import guarded
+
+def work():
+    print("[stage] a summary line")
+    sys.stdin.read()
+    return 0
+
+sys.exit(guarded("edgedistill teacher", "teacher", work))
+"""
+
+
+def test_a_command_writing_to_a_pipe_gives_each_stdout_line_as_it_is_printed():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    command = [sys.executable, "-c", PRINTS_THEN_WAITS]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) as process:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        line = process.stdout.readline() if ready else ""
+        process.stdin.close()
+    assert line == "[stage] a summary line\n"
