@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from edgedistill.common import locks, modelcard, tracking
+from edgedistill.common import locks, modelcard, progress, tracking
 from edgedistill.common import manifest as mf
 from edgedistill.common.atomic import atomic_write, remove_orphans
 from edgedistill.common.machine import main_rank
@@ -346,7 +346,7 @@ class Stage:
                 "itself there"
             )
         if (self.folder / mf.MANIFEST).is_file() and main_rank():
-            print(f"[{self.name}] building again: {stale}")
+            progress.write(f"[{self.name}] building again: {stale}")
         watch = mf.Stopwatch()
         if self.preflight is not None:
             self.preflight()
@@ -372,7 +372,7 @@ class Stage:
             tracker.log_final(manifest.metrics)  # `tracking.Guarded`: a failure warns, and fails no published stage
         modelcard.write(self.recipe, self.folder)  # a model's card, derived from the published manifest
         line = built.line(manifest) if callable(built.line) else built.line
-        print(f"[{self.name}] {line}, wall {watch.seconds / 60:.1f} min -> {self.folder}")
+        progress.write(f"[{self.name}] {line}, wall {watch.seconds / 60:.1f} min -> {self.folder}")
         return manifest
 
     def _say_current(self) -> None:
@@ -380,7 +380,7 @@ class Stage:
         the card (killed) left missing: the manifest does not hash the card, so the artifact is current without it."""
         if not (self.folder / mf.CARD).is_file():
             modelcard.write(self.recipe, self.folder)
-        print(f"[{self.name}] up to date: {self.folder}")
+        progress.write(f"[{self.name}] up to date: {self.folder}")
 
     def _publish(self, tmp: Path, built: Built, watch: mf.Stopwatch, parents: dict[str, mf.Parent]) -> mf.Manifest:
         measured = {"size_bytes": (tmp / built.size_of).stat().st_size} if built.size_of else {}

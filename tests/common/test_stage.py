@@ -15,6 +15,7 @@ from edgedistill.common import atomic, tracking
 from edgedistill.common import manifest as mf
 from edgedistill.common.recipe import load_recipe, run_dir
 from edgedistill.common.stage import FORCED, Artifact, Built, Stage, body, skip_all
+from tqdm import tqdm
 
 from tests.common.test_atomic import gone_pid
 
@@ -51,6 +52,16 @@ def test_a_current_stage_is_skipped(recipe, capsys):
     stage.run()
     assert len(body.calls) == 1
     assert "[up] up to date" in capsys.readouterr().out
+
+
+def test_a_stage_run_under_a_drawn_bar_draws_it_again_after_its_line(recipe, capsys):
+    stage = Stage("up", recipe(), ("data",), writer("a.txt"))
+    stage.run()
+    with tqdm(total=2, desc="bundles", file=sys.stderr) as drawn:
+        drawn.update(1)
+        capsys.readouterr()
+        stage.run()  # up to date: its line printed with the bar drawn
+        assert "bundles:  50%" in capsys.readouterr().err  # drawn again after the line
 
 
 @pytest.mark.parametrize(
