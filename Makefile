@@ -203,7 +203,7 @@ PAIR ?=
 # shell its ", ` and $ (SST-2's own text quotes with `` and '').
 QUOTED = '$(subst ','\'',$(value $(1)))'
 call: $(STAMP)  ## classify TEXT (with its sentence B, PAIR, for a pair model) with the server on PORT
-	$(ED) call --address localhost:$(PORT) $(call QUOTED,TEXT) $(if $(value PAIR),--pair $(call QUOTED,PAIR))
+	$(ED) call --address localhost:$(PORT) $(if $(value PAIR),--pair=$(call QUOTED,PAIR)) -- $(call QUOTED,TEXT)
 
 SERVE_BENCH_ARGS ?=
 serve-bench: bundles  ## BUNDLE behind the server against the recipe's bench.serving targets: paced p99, capacity vs an echo server, batch-32 vs raw backend

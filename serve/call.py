@@ -6,7 +6,7 @@ edgedistill call "the plot" --pair "a dull one"      # a text pair, for models t
 edgedistill call --tsv dev.tsv --header              # pairs: text<TAB>pair on each line
 echo "a great movie" | edgedistill call --kserve
 
-The texts go in calls of `--batch-size` texts and at most `--batch-bytes` of text (default: as many texts as the server
+The texts go in calls of `--batch-size` texts and at most `--batch-bytes` each (default: as many texts as the server
 takes, its MAX_TEXTS, and half its MAX_MESSAGE_BYTES, asked of it), and one JSON document is written, its
 predictions as they come.
 """
@@ -30,6 +30,8 @@ from edgedistill.serve.client import (
     TIMEOUT,
     Client,
     LabelsUnavailable,
+    classify_request,
+    kserve_request,
     timeout_problem,
     token_problem,
     uses_tls,
@@ -49,11 +51,20 @@ WIRE_BYTES = 8
 BATCH_BYTES = Settings.model_fields["max_message_bytes"].default // 2
 # A Reload's deadline unless --timeout gives one: loading and warming up a model (a TensorRT engine) can take minutes
 RELOAD_TIMEOUT = 600.0
+# How to learn how a reload ended that its call did not wait for
+RELOAD_OUTCOME = (
+    "`edgedistill call --info` says which model serves, the server's log (model_active or reload_failed) how the "
+    "reload ended"
+)
 # Where a Reload's deadline passed: the server goes on with the reload all the same
 RELOAD_GOES_ON = (
-    "the server goes on with the reload past the call's deadline: `edgedistill call --info` says which model serves, "
-    "the server's log (model_active or reload_failed) how the reload ended; give a longer --timeout to wait for it"
+    f"the server goes on with the reload past the call's deadline: {RELOAD_OUTCOME}; give a longer --timeout to wait "
+    "for it"
 )
+# Where a Reload was cut (UNAVAILABLE: a connection's max age, a drain): it is not sent again, as the server may be
+# loading the bundle all the same
+RELOAD_CUT = f"the call was cut, and is not sent again: the server may go on with the reload; {RELOAD_OUTCOME}"
+RELOAD_HINTS = {grpc.StatusCode.DEADLINE_EXCEEDED: RELOAD_GOES_ON, grpc.StatusCode.UNAVAILABLE: RELOAD_CUT}
 # How the server names a text or pair it refuses: "text" or "text pair", and its place in the call, counted from 0
 SERVER_NAMED_TEXT = re.compile(r"(text(?: pair)?) (\d+) ")
 
@@ -83,6 +94,13 @@ def batches(texts: list[str], pairs: list[str] | None, batch_size: int, batch_by
         size += length
     if texts:
         yield slice(start, len(texts))
+
+
+def call_overhead(kserve: bool, pairs: bool, model: str) -> int:
+    """The bytes a call's request takes beyond its texts' (UTF-8 and WIRE_BYTES each): the request of no texts, with
+    the model's name and, through KServe (`kserve`), the headers of its input tensors, one per text input."""
+    request = kserve_request if kserve else classify_request
+    return request([], [] if pairs else None, model).ByteSize()
 
 
 def classify_in_batches(
@@ -245,8 +263,8 @@ def build_parser(prog: str = "python -m serve.call") -> argparse.ArgumentParser:
         "--batch-bytes",
         type=count,
         metavar="N",
-        help=f"bytes per call (each text's UTF-8 and {WIRE_BYTES}), below the server's MAX_MESSAGE_BYTES; a longer "
-        "text goes alone (default: half "
+        help=f"bytes per call (each text's UTF-8 and {WIRE_BYTES}, and the request's other fields), below the server's "
+        "MAX_MESSAGE_BYTES; a longer text goes alone (default: half "
         f"that limit, asked of the server; {BATCH_BYTES} where it does not say)",
     )
     parser.add_argument(
@@ -381,9 +399,19 @@ def _connection_hint(error: grpc.RpcError, address: str, tls: bool) -> str | Non
     return None
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`argv`'s arguments, intermixed (texts may follow options, as `TEXT --pair PAIR TEXT --pair PAIR` does), and
+    the arguments after the first `--` texts whatever they start with (`-- -awful`): `parse_intermixed_args` does not
+    honour `--` on Python 3.11, so they are parsed apart, as texts only."""
+    argv = sys.argv[1:] if argv is None else argv
+    end = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_intermixed_args(argv[:end])
+    args.texts += parser.parse_args(argv[end:]).texts
+    return args
+
+
 def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve.call") -> int:
-    # intermixed: texts may follow options, as `TEXT --pair PAIR TEXT --pair PAIR` does
-    args = build_parser(prog).parse_intermixed_args(argv)
+    args = parse_arguments(build_parser(prog), argv)
     if sys.stdout is None:  # started with stdout closed (`>&-`): every answer would be lost
         print(f"{prog}: stdout is closed: nowhere to write the answers", file=sys.stderr)
         return 2
@@ -432,8 +460,9 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
                     check_batches(batch_size, batch_bytes, max_texts, max_bytes)
                     batch_size = batch_size or max_texts
                     batch_bytes = batch_bytes or (max_bytes // 2 if max_bytes else None)
+                text_bytes = (batch_bytes or BATCH_BYTES) - call_overhead(args.kserve, pairs is not None, args.model)
                 results = classify_in_batches(
-                    infer, texts, pairs, batch_size or MAX_TEXTS, args.model, batch_bytes or BATCH_BYTES, origins
+                    infer, texts, pairs, batch_size or MAX_TEXTS, args.model, text_bytes, origins
                 )
                 try:
                     write_streamed(results, sys.stdout)
@@ -449,9 +478,9 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
     except grpc.RpcError as err:
-        if args.reload is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            hint = RELOAD_GOES_ON
         hint = hint or _connection_hint(err, args.address, uses_tls(args.tls, args.tls_ca, args.tls_cert))
+        if args.reload is not None:
+            hint = hint or RELOAD_HINTS.get(err.code())
         error = {"code": err.code().name, "message": err.details()}
         error |= ({"where": where} if where else {}) | ({"hint": hint} if hint else {})
         print(json.dumps({"error": error}), file=sys.stderr)

@@ -9,6 +9,7 @@ TLS; `wait_ready` waits for a server to serve. `edgedistill call` (`serve.call`)
 
 import json
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -59,10 +60,15 @@ def retry_options(retries: int) -> list[tuple[str, object]]:
         "backoffMultiplier": 2,
         "retryableStatusCodes": list(RETRIED_CODES),
     }
-    # Spelled out: kserve_pb2 is imported only when used (see `kserve_infer`), and the server's modules never.
+    # Spelled out: kserve_pb2 is imported only when used (see `kserve_request`), and the server's modules never.
     services = ("edgedistill.v1.Classifier", "inference.GRPCInferenceService")
     config = {
-        "methodConfig": [{"name": [{"service": name} for name in services], "retryPolicy": policy}],
+        "methodConfig": [
+            {"name": [{"service": name} for name in services], "retryPolicy": policy},
+            # A Reload cut while the server loads (a connection's max age, a drain) is not sent again: the server
+            # finishes each load it began. gRPC takes the most specific name, so this entry, without a policy, wins.
+            {"name": [{"service": "edgedistill.v1.Classifier", "method": "Reload"}]},
+        ],
         # retries stop while most recent attempts fail (gRFC A6: each failure takes a token, each success gives back
         # a tenth, and none is retried at half the tokens or less), so a server that stays overloaded is not sent
         # every call up to `retries` more times
@@ -148,8 +154,9 @@ class Client:
         """`retries`: more attempts of a call that failed with UNAVAILABLE or RESOURCE_EXHAUSTED (`retry_options`).
         `OSError` for TLS files that cannot be read, `ssl.SSLError` (one) for those gRPC cannot use (`check_pem`),
         `ValueError` for a certificate without its key or the reverse, a token that cannot be sent (`token_problem`)
-        and a `timeout` no call can keep (`timeout_problem`). A server on this machine's loopback is called straight,
-        past a proxy the environment names (`DIRECT`)."""
+        and a `timeout` no call can keep (`timeout_problem`); a `UserWarning` for a token to go in plaintext beyond
+        this machine's loopback. A server on this machine's loopback is called straight, past a proxy the environment
+        names (`DIRECT`)."""
         if (tls_cert is None) != (tls_key is None):
             raise ValueError(
                 "tls_cert and tls_key go together (a client certificate and its key): give both or neither"
@@ -161,7 +168,15 @@ class Client:
         # Replies as large as the server sends, which sets no send limit: a reply of MAX_TEXTS texts outgrows gRPC's
         # default 4 MiB receive limit long before their request reaches MAX_MESSAGE_BYTES
         options = retry_options(retries) + RECEIVE_ANY + (DIRECT if on_loopback(address) else [])
-        if uses_tls(tls, tls_ca, tls_cert):
+        secure = uses_tls(tls, tls_ca, tls_cert)
+        if token and not secure and not on_loopback(address):
+            warnings.warn(
+                f"the token goes to {address} in plaintext, readable on the network between: use TLS (tls_ca or tls; "
+                "the CLI's --tls-ca or --tls), unless a mesh or proxy encrypts the traffic",
+                UserWarning,
+                stacklevel=2,
+            )
+        if secure:
             root, key, chain = _read(tls_ca), _read(tls_key), _read(tls_cert)  # an OSError naming its file first
             check_pem(tls_cert, tls_key, tls_ca)
             credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
@@ -255,10 +270,7 @@ class Client:
         """Classify through `Classifier/Classify`; `NotSent` for a request over the server's largest message, and the
         errors of `_checked` for a string given as the texts or pairs, or pairs other in number than the texts."""
         texts, pairs = _checked(texts, pairs)
-        request = classifier_pb2.ClassifyRequest(
-            texts=texts, text_pairs=[] if pairs is None else pairs, model_name=model
-        )
-        reply = self._send(self.stub.Classify, request, model)
+        reply = self._send(self.stub.Classify, classify_request(texts, pairs, model), model)
         labels = self.answered_labels(reply.model_name, reply.model_version)
         predictions = [
             _prediction(given, p.probabilities, labels) | _cascade_fields(p.answered_by, p.escalation_refused)
@@ -273,7 +285,7 @@ class Client:
         the client's check of a large request (`_send`)."""
         try:
             if kserve:
-                from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
+                from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_request`
 
                 stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
                 config = self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=model)).config
@@ -294,17 +306,11 @@ class Client:
         """Classify through `inference.GRPCInferenceService/ModelInfer` with raw BYTES `text` (and `text_pair`). No
         output is named, so all come back: a cascade's `answered_by` and `escalation_refused` too. `NotSent` for a
         request over the server's largest message, and the errors of `_checked`, as `classify`."""
-        # imported here: its `inference.*` messages clash with tritonclient's in one process
-        from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc
+        from edgedistill.serve.proto import kserve_pb2_grpc  # see `kserve_request`
 
         texts, pairs = _checked(texts, pairs)
         stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
-        request = kserve_pb2.ModelInferRequest(model_name=model)
-        for name, values in zip(text_inputs(pairs=True), (texts, pairs), strict=True):
-            if values is not None:
-                request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
-                request.raw_input_contents.append(tensors.serialize_bytes([v.encode("utf-8") for v in values]))
-        reply = self._send(stub.ModelInfer, request, model, kserve=True)
+        reply = self._send(stub.ModelInfer, kserve_request(texts, pairs, model), model, kserve=True)
         outputs = {
             out.name: tensors.decode(out.name, out.datatype, list(out.shape), raw=data)
             for out, data in zip(reply.outputs, reply.raw_output_contents, strict=True)
@@ -334,7 +340,7 @@ class Client:
 
     def _model_config_labels(self, name: str, version: str) -> list[str]:
         """KServe `ModelConfig`'s parameter `labels` (a JSON list); `LookupError` where it has none."""
-        from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_infer`
+        from edgedistill.serve.proto import kserve_pb2, kserve_pb2_grpc  # see `kserve_request`
 
         stub = kserve_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         config = self._call(stub.ModelConfig, kserve_pb2.ModelConfigRequest(name=name, version=version)).config
@@ -346,6 +352,24 @@ class Client:
     def reload(self, bundle_path: str = "") -> dict:
         reply = self._call(self.stub.Reload, classifier_pb2.ReloadRequest(bundle_path=bundle_path))
         return {"model": _info(reply.model), "previous": _info(reply.previous)}
+
+
+def classify_request(texts: list[str], pairs: list[str] | None, model: str) -> classifier_pb2.ClassifyRequest:
+    """The `Classifier/Classify` request of `texts` (and `pairs`) for `model` (empty: the served one)."""
+    return classifier_pb2.ClassifyRequest(texts=texts, text_pairs=[] if pairs is None else pairs, model_name=model)
+
+
+def kserve_request(texts: list[str], pairs: list[str] | None, model: str):
+    """The KServe `ModelInfer` request of `texts` (and `pairs`) for `model`: raw BYTES `text` (and `text_pair`)."""
+    # imported here: its `inference.*` messages clash with tritonclient's in one process
+    from edgedistill.serve.proto import kserve_pb2
+
+    request = kserve_pb2.ModelInferRequest(model_name=model)
+    for name, values in zip(text_inputs(pairs=True), (texts, pairs), strict=True):
+        if values is not None:
+            request.inputs.add(name=name, datatype="BYTES", shape=[len(values)])
+            request.raw_input_contents.append(tensors.serialize_bytes([v.encode("utf-8") for v in values]))
+    return request
 
 
 def _checked(texts: Iterable[str], pairs: Iterable[str] | None) -> tuple[list[str], list[str] | None]:

@@ -13,6 +13,7 @@ import torch
 from edgedistill.common import manifest as mf
 from edgedistill.common.machine import usable_cores
 from edgedistill.common.settings import MEASURED_SETTINGS
+from edgedistill.serve.call import build_parser, parse_arguments
 from edgedistill.serve.settings import env_name
 
 from tests.conftest import ROOT
@@ -134,14 +135,26 @@ def test_torchrun_ranks_keep_an_omp_num_threads_given(tmp_path):
 SST2_QUOTED = "the `` best '' film, at $5"  # SST-2 quotes with `` and ''; a $ as written
 
 
+def make_call_arguments(tmp_path, *args: str):
+    """The arguments `edgedistill call` reads from the words the shell passes it in `make call ARGS`."""
+    sent = shlex.split(make_dry_run(tmp_path, "call", *args))
+    return parse_arguments(build_parser(), sent[sent.index("--address") :])
+
+
 def test_make_call_sends_text_as_written(tmp_path):
-    sent = shlex.split(make_dry_run(tmp_path, "call", f"TEXT={SST2_QUOTED}"))
-    assert sent[sent.index("--address") + 2] == SST2_QUOTED
+    assert make_call_arguments(tmp_path, f"TEXT={SST2_QUOTED}").texts == [SST2_QUOTED]
 
 
 def test_make_call_sends_a_pair_as_written(tmp_path):
-    sent = shlex.split(make_dry_run(tmp_path, "call", "TEXT=a", f"PAIR={SST2_QUOTED}"))
-    assert sent[sent.index("--pair") + 1] == SST2_QUOTED
+    assert make_call_arguments(tmp_path, "TEXT=a", f"PAIR={SST2_QUOTED}").pair == [SST2_QUOTED]
+
+
+def test_make_call_sends_a_text_starting_with_a_dash_as_a_text(tmp_path):
+    assert make_call_arguments(tmp_path, "TEXT=-awful").texts == ["-awful"]
+
+
+def test_make_call_sends_a_pair_starting_with_a_dash_as_a_pair(tmp_path):
+    assert make_call_arguments(tmp_path, "TEXT=good", "PAIR=-x").pair == ["-x"]
 
 
 def test_make_soak_with_another_profile_stops_make():

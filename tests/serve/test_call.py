@@ -515,6 +515,27 @@ def test_many_short_texts_go_in_calls_within_the_message_limit_the_server_gives(
     assert code == 0, err
 
 
+@pytest.mark.parametrize("api", [[], ["--kserve"]])
+def test_batch_bytes_below_the_servers_message_limit_make_calls_within_it(start_server, tmp_path, capsys, api):
+    # two texts of 1013 bytes on the wire in all: with KServe's input tensor headers, 1034, over the limit
+    server = start_server(settings_for(write_bundle(tmp_path / "bundle"), max_message_bytes=1024))
+    path = tmp_path / "two.txt"
+    path.write_text("x" * 503 + "\n" + "y" * 502 + "\n")
+    code, _, err = run(capsys, "--address", server.address, "--file", str(path), "--batch-bytes", "1023", *api)
+    assert code == 0, err
+
+
+def test_texts_after_a_double_dash_are_classified_whatever_they_start_with(served, capsys):
+    _, out, _ = run(capsys, "--address", served.address, "--", "-bad", "good")
+    assert [p["text"] for p in json.loads(out)["predictions"]] == ["-bad", "good"]
+
+
+def test_a_text_after_a_double_dash_that_is_not_utf8_is_refused_as_one_before_it(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--address", unused_address(), "--", "-bad\udcff"])
+    assert "argument texts: not UTF-8" in capsys.readouterr().err
+
+
 def test_texts_may_follow_options_each_with_its_pair(served_pairs, capsys):
     argv = ["--address", served_pairs.address, "good", "--pair", "awful", "awful", "--pair", "fun"]
     _, out, _ = run(capsys, *argv)
@@ -1037,6 +1058,13 @@ def test_a_failed_tls_handshake_is_said_in_the_clients_json_line_alone(start_ser
     env = {name: value for name, value in os.environ.items() if name != "GRPC_VERBOSITY"}
     err = subprocess.run([*command, "good"], capture_output=True, text=True, env=env, timeout=60).stderr
     assert [json.loads(line)["error"]["code"] for line in err.splitlines()] == ["UNAVAILABLE"]
+
+
+def test_a_token_sent_in_plaintext_beyond_loopback_is_warned_of_once():
+    command = [sys.executable, "-m", "edgedistill.serve.call", "--address", "10.0.0.1:1", "--token", "s3cret"]
+    call = [*command, "--timeout", "1", "--retries", "0", "good"]
+    err = subprocess.run(call, capture_output=True, text=True, timeout=60).stderr
+    assert err.count("the token goes to 10.0.0.1:1 in plaintext") == 1
 
 
 def test_a_call_to_no_server_hints_that_none_listens_there(capsys):

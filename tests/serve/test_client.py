@@ -84,6 +84,30 @@ def test_a_blank_token_is_refused_not_sent_as_none(token):
         Client("localhost:1", token=token)
 
 
+PLAINTEXT_TOKEN = "the token goes to .* in plaintext"
+
+
+@pytest.mark.parametrize("address", ["vm:1", "10.0.0.1:1", "dns:///vm:1"])
+def test_a_token_to_go_in_plaintext_beyond_loopback_is_warned_of(address):
+    with pytest.warns(UserWarning, match=PLAINTEXT_TOKEN):
+        Client(address, token="s3cret").close()
+
+
+@pytest.mark.parametrize(
+    "address, given",
+    [
+        ("127.0.0.1:1", {"token": "s3cret"}),
+        ("localhost:1", {"token": "s3cret"}),
+        ("vm:1", {"token": "s3cret", "tls": True}),
+        ("vm:1", {}),
+    ],
+    ids=["loopback", "localhost", "tls", "no token"],
+)
+def test_a_client_over_tls_on_loopback_or_without_a_token_warns_of_nothing(recwarn, address, given):
+    Client(address, **given).close()
+    assert [str(w.message) for w in recwarn if "in plaintext" in str(w.message)] == []
+
+
 def test_a_token_with_a_newline_is_refused():
     with pytest.raises(ValueError, match="token must be printable ASCII"):
         Client("localhost:1", token="s3cret\n")

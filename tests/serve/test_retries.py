@@ -2,12 +2,14 @@
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from edgedistill.serve import call as cli
 from edgedistill.serve.call import build_parser
 from edgedistill.serve.client import Client, NotSent, retry_options
+from edgedistill.serve.proto import classifier_pb2_grpc
 from edgedistill.serve.settings import MIN_MESSAGE_BYTES
 from edgedistill.serve.transport import RETRY_PUSHBACK_KEY
 
@@ -54,6 +56,41 @@ def test_a_client_error_is_not_retried(refusing):
     with Client(address, retries=3) as client, pytest.raises(grpc.RpcError):
         client.classify(["a great movie"])
     assert servicer.attempts == 1
+
+
+class CutReloads(classifier_pb2_grpc.ClassifierServicer):
+    """Cuts each Reload with UNAVAILABLE, as a server closing the connection (its max age, a drain) while it loads the
+    bundle all the same; counts the attempts."""
+
+    def __init__(self):
+        self.attempts = 0
+
+    def Reload(self, request, context):
+        self.attempts += 1
+        context.abort(grpc.StatusCode.UNAVAILABLE, "max connection age")
+
+
+@pytest.fixture
+def cut_reloads():
+    """`(servicer, address)`: a gRPC server on loopback running `CutReloads`."""
+    servicer, server = CutReloads(), grpc.server(ThreadPoolExecutor(1))
+    classifier_pb2_grpc.add_ClassifierServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(None)
+
+
+def test_a_reload_cut_with_unavailable_is_not_sent_again(cut_reloads):
+    servicer, address = cut_reloads
+    with Client(address, retries=3) as client, pytest.raises(grpc.RpcError):
+        client.reload()
+    assert servicer.attempts == 1, "each attempt would load the bundle again"
+
+
+def test_the_client_cli_hints_that_the_server_may_go_on_with_a_cut_reload(cut_reloads, capsys):
+    cli.main(["--address", cut_reloads[1], "--reload"])
+    assert json.loads(capsys.readouterr().err)["error"]["hint"].startswith("the call was cut, and is not sent again")
 
 
 def test_a_request_over_a_limit_tells_retrying_clients_to_stop(start_server, bundle):
