@@ -44,7 +44,7 @@ def leak_filter(held_out: list[str], style: Style):
     """A predicate: True for text equal to a held-out sentence, containing a whole held-out sentence of 5 to 7
     words, or sharing 8 words in a row with a longer one (compared on `normalise`d `split_words`, each Chinese or
     Japanese character a word). A held-out sentence is compared as written and as `styled` in `style`, as the transfer
-    texts are: without its tags and entities."""
+    texts are: without its tags and entities; and so is a `raw` text, as its train texts are written as served."""
     # a held-out text without words (`:-(`) is no key: every text without words would match it
     keys = {normalise(text) for held in held_out for text in (held, styled(held, style))} - {""}
     grams = set()
@@ -56,6 +56,9 @@ def leak_filter(held_out: list[str], style: Style):
     starts = {gram[:MIN_CONTAINED] for gram in grams}  # a gram can start only where its first 5 words do
 
     def leaks(text: str) -> bool:
+        return overlaps(text) or (style == "raw" and overlaps(styled(text, style)))
+
+    def overlaps(text: str) -> bool:
         key = normalise(text)
         if key in keys:
             return True
@@ -146,8 +149,10 @@ def build_texts(recipe: Recipe, mask_token: str | None) -> TransferTexts:
     train, dev = load_splits(recipe.data)
     leaks = leak_filter(held_out_texts(dev, load_test(recipe.data)), cfg.text_style)
     columns = [train.texts] + ([train.pairs] if train.pairs is not None else [])
-    # as the dev split is scored and the server reads them (`raw`: the words as written, `< .SPX >` tickers kept)
-    styled_train = zip(*(as_served(column, cfg.text_style) for column in columns), strict=True)
+    # as the dev split is scored and the server reads them (`raw`: the words as written, `< .SPX >` tickers kept), on
+    # one line each (a cell may hold a line break, which one text per line cannot)
+    served = ([" ".join(text.split()) for text in as_served(column, cfg.text_style)] for column in columns)
+    styled_train = zip(*served, strict=True)
     train_examples, train_labels, overlapping = [], [], 0
     for example, label in zip(styled_train, train.labels, strict=True):
         if any(leaks(side) for side in example):

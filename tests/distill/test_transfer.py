@@ -1059,3 +1059,20 @@ def test_a_labeller_not_built_names_overrides_that_label_the_default_recipe_in_p
         labelling.onnx_labeller(tmp_path / "bundle-teacher-int8", tmp_path / "teacher", max_batch=8)
     overrides = dict(re.findall(r"--([\w.]+)=(null)", str(refused.value)))
     assert load_recipe(ROOT / "recipes" / "sst2.yaml", dict.fromkeys(overrides)).transfer.labeller is None
+
+
+@pytest.mark.parametrize("train", MARKED_UP)
+def test_a_raw_train_text_equal_to_a_dev_text_but_for_its_markup_is_dropped_as_a_held_out_overlap(tmp_path, train):
+    dev = styled(train, "raw")
+    assert (
+        built_from(tmp_path, [train, "a different review of the film"], [dev], "raw").composition[
+            "removed_held_out_overlap"
+        ]
+        == 1
+    )
+
+
+def test_a_raw_train_text_holding_a_line_break_reaches_the_transfer_set_on_one_line(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"sentence": "a fine film\\nthat I loved", "label": 1}\n')
+    recipe = task_recipe(tmp_path, ["unused"], ["another film"], "raw", **{"data.train": str(tmp_path / "train.jsonl")})
+    assert build_texts(recipe, "[MASK]").texts[0] == "a fine film that I loved"
