@@ -17,6 +17,7 @@ import os
 import re
 import ssl
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -422,16 +423,20 @@ def main(argv: list[str] | None = None, stdin=None, prog: str = "python -m serve
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
     try:
-        client = Client(
-            args.address,
-            token=token,
-            tls=args.tls,
-            tls_ca=args.tls_ca,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            timeout=args.timeout or (RELOAD_TIMEOUT if args.reload is not None else TIMEOUT),
-            retries=args.retries,
-        )
+        with warnings.catch_warnings(record=True) as warned:  # told as this command's own lines
+            warnings.simplefilter("always")
+            client = Client(
+                args.address,
+                token=token,
+                tls=args.tls,
+                tls_ca=args.tls_ca,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                timeout=args.timeout or (RELOAD_TIMEOUT if args.reload is not None else TIMEOUT),
+                retries=args.retries,
+            )
+        for warning in warned:
+            print(f"{prog}: warning: {warning.message}", file=sys.stderr)
     except ValueError as err:  # a client certificate without its key or the reverse (the CLI checks the rest first)
         usage = re.sub(r"\btls_(cert|key)\b", r"--tls-\1", str(err))  # its parameters named as this CLI's options
         print(f"{prog}: {usage}", file=sys.stderr)

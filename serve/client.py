@@ -7,6 +7,7 @@ TLS; `wait_ready` waits for a server to serve. `edgedistill call` (`serve.call`)
         print(client.classify(["a great movie", "a dull one"])["predictions"])
 """
 
+import ipaddress
 import json
 import time
 import warnings
@@ -42,6 +43,15 @@ RECEIVE_ANY = [("grpc.max_receive_message_length", -1)]  # no limit on a reply's
 
 
 RETRY_THROTTLING = {"maxTokens": 10, "tokenRatio": 0.1}
+
+
+def _unspecified(address: str) -> bool:
+    """Whether `address` (`host:port`) names the unspecified address (`0.0.0.0`, `[::]`), by which a client connects
+    to this machine."""
+    try:
+        return ipaddress.ip_address(address.rpartition(":")[0].strip("[]")).is_unspecified
+    except ValueError:  # a host name, a gRPC target
+        return False
 
 
 def retry_options(retries: int) -> list[tuple[str, object]]:
@@ -169,7 +179,7 @@ class Client:
         # default 4 MiB receive limit long before their request reaches MAX_MESSAGE_BYTES
         options = retry_options(retries) + RECEIVE_ANY + (DIRECT if on_loopback(address) else [])
         secure = uses_tls(tls, tls_ca, tls_cert)
-        if token and not secure and not on_loopback(address):
+        if token and not secure and not (on_loopback(address) or _unspecified(address)):
             warnings.warn(
                 f"the token goes to {address} in plaintext, readable on the network between: use TLS (tls_ca or tls; "
                 "the CLI's --tls-ca or --tls), unless a mesh or proxy encrypts the traffic",

@@ -1067,6 +1067,11 @@ def test_a_token_sent_in_plaintext_beyond_loopback_is_warned_of_once():
     assert err.count("the token goes to 10.0.0.1:1 in plaintext") == 1
 
 
+def test_a_token_sent_in_plaintext_beyond_loopback_is_warned_of_as_the_commands_own_line(capsys):
+    _, _, err = run(capsys, "--address", "10.0.0.1:1", "--token", "s3cret", "--timeout", "1", "--retries", "0", "good")
+    assert "call: warning: the token goes to 10.0.0.1:1 in plaintext" in err
+
+
 def test_a_call_to_no_server_hints_that_none_listens_there(capsys):
     address = unused_address()
     _, _, err = run(capsys, "--address", address, "--retries", "0", "good")

@@ -98,10 +98,12 @@ def test_a_token_to_go_in_plaintext_beyond_loopback_is_warned_of(address):
     [
         ("127.0.0.1:1", {"token": "s3cret"}),
         ("localhost:1", {"token": "s3cret"}),
+        ("0.0.0.0:1", {"token": "s3cret"}),
+        ("[::]:1", {"token": "s3cret"}),
         ("vm:1", {"token": "s3cret", "tls": True}),
         ("vm:1", {}),
     ],
-    ids=["loopback", "localhost", "tls", "no token"],
+    ids=["loopback", "localhost", "unspecified", "unspecified v6", "tls", "no token"],
 )
 def test_a_client_over_tls_on_loopback_or_without_a_token_warns_of_nothing(recwarn, address, given):
     Client(address, **given).close()
