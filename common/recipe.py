@@ -581,6 +581,7 @@ def parse_overrides(args: list[str]) -> dict[str, object]:
 
 # the keys an override may set without a dot; extends only for load_recipe to refuse, saying why
 _TOP_KEYS = (*Recipe.model_fields, "extends")
+_VALUE_KEYS = ("name", "tracking")  # the recipe's keys that hold a value, not a section
 
 
 def not_an_override(args: list[str], index: int, options: Iterable[str] = ()) -> str | None:
@@ -594,12 +595,20 @@ def not_an_override(args: list[str], index: int, options: Iterable[str] = ()) ->
     if name is not None and not equals and (name in _TOP_KEYS or ("." in name and value_after)):
         return f"{arg}: an override gives its value after =, not a space: {arg}=VALUE"
     if (name is not None and "." not in name and name not in _TOP_KEYS) or re.match(r"-[A-Za-z]", arg):
-        near = did_you_mean(key, [*options, *(f"--{section}" for section in _TOP_KEYS)])
+        near = did_you_mean(key, options) or _nearest_key(key)
         return (
             f"{key}: no such option, nor a recipe section: {near}--help lists the options, and an override is "
             "--section.key=value"
         )
     return None
+
+
+def _nearest_key(option: str) -> str:
+    """`did you mean --KEY=VALUE? ` (`--KEY.key=VALUE` for a section) for the recipe key nearest to `option`, or ""."""
+    near = difflib.get_close_matches(option, [f"--{key}" for key in Recipe.model_fields], n=1)
+    if not near:
+        return ""
+    return f"did you mean {near[0]}{'' if near[0][2:] in _VALUE_KEYS else '.key'}=VALUE? "
 
 
 def _overlap(a: str, b: str) -> bool:

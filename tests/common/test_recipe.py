@@ -443,9 +443,17 @@ def test_a_misspelt_option_is_answered_with_the_nearest_of_the_commands_options(
     assert "did you mean --jobs? " in not_an_override(["--job=2"], 0, ["-h", "--help", "--jobs", "--force"])
 
 
-def test_a_misspelt_section_is_answered_with_the_nearest_section():
-    with pytest.raises(RecipeError, match=r"^--finetun: .*did you mean --finetune\? "):
+def test_a_misspelt_section_is_answered_with_the_nearest_section_as_an_override():
+    with pytest.raises(RecipeError, match=r"^--finetun: .*did you mean --finetune\.key=VALUE\? "):
         parse_overrides(["--finetun={optim: {lr: 0.1}}"])
+
+
+def test_a_misspelt_option_near_no_option_is_not_answered_with_a_section_as_an_option():
+    assert "did you mean --model? " not in not_an_override(["--bundel", "x"], 0, ["--only", "--force"])
+
+
+def test_a_misspelt_recipe_value_is_answered_with_its_key():
+    assert "did you mean --name=VALUE? " in not_an_override(["--nme=x"], 0, ["--jobs"])
 
 
 def test_a_top_level_setting_given_after_an_equals_sign_is_an_override():
