@@ -1,3 +1,4 @@
+import pytest
 from edgedistill.common import tables
 
 
@@ -60,24 +61,49 @@ def test_a_markdown_cell_writes_a_line_break_as_a_space():
     assert tables.markdown(["a", "b"], [["x\ny", "1"]])[2] == "| x y | 1 |"
 
 
-def test_a_measured_figure_just_over_its_limit_shows_the_decimals_that_miss_it():
-    verdict = {"name": "p99_ms", "measured": 3.00004, "limit": "<= 3", "passed": False}
-    assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "3.00004"
-
-
-def test_a_measured_figure_at_its_limit_keeps_its_format():
-    verdict = {"name": "p99_ms", "measured": 3.0, "limit": "<= 3", "passed": True}
-    assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "3"
-
-
-def test_a_measured_figure_written_with_an_exponent_at_its_limit_shows_its_decimals():
-    verdict = {"name": "capacity_rps", "measured": 999.6, "limit": ">= 1000", "passed": False}
-    assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "999.6"
-
-
-def test_a_measured_figure_written_with_an_exponent_at_its_limits_text_shows_more_significant_digits():
-    verdict = {"name": "error_rate", "measured": 1 / 99999, "limit": "<= 1e-05", "passed": False}
-    assert tables.measured(verdict, lambda measured: f"{measured:.3g}") == "1.00001e-05"
+@pytest.mark.parametrize(
+    ("measured", "limit", "written", "expected"),
+    [
+        pytest.param(
+            3.00004,
+            "<= 3",
+            ".3g",
+            "3.00004",
+            id="a measured figure just over its limit shows the decimals that miss it",
+        ),
+        pytest.param(3.0, "<= 3", ".3g", "3", id="a measured figure at its limit keeps its format"),
+        pytest.param(
+            999.6,
+            ">= 1000",
+            ".3g",
+            "999.6",
+            id="a measured figure written with an exponent at its limit shows its decimals",
+        ),
+        pytest.param(
+            1 / 99999,
+            "<= 1e-05",
+            ".3g",
+            "1.00001e-05",
+            id="a measured figure written with an exponent at its limits text shows more significant digits",
+        ),
+        pytest.param(
+            0.0012, "<= 0.001", ".2f", "0.0012", id="a measured figure over its limit is not written under it"
+        ),
+        pytest.param(
+            100.4,
+            "<= 100.2",
+            ".0f",
+            "100.4",
+            id="a whole millisecond figure over its limit shows the decimal that misses it",
+        ),
+        pytest.param(
+            1e-300, "<= 0", ".2f", "1e-300", id="a measured figure far below its decimals is written with an exponent"
+        ),
+    ],
+)
+def test_a_measured_figure_gets_the_digits_that_put_it_on_its_side_of_its_limit(measured, limit, written, expected):
+    verdict = {"name": "figure", "measured": measured, "limit": limit, "passed": False}
+    assert tables.measured(verdict, lambda figure: f"{figure:{written}}") == expected
 
 
 def test_one_of_a_noun_is_counted_in_the_singular():
@@ -88,24 +114,9 @@ def test_more_of_a_noun_are_counted_in_the_plural():
     assert tables.counted(2, "thread") == "2 threads"
 
 
-def test_a_measured_figure_over_its_limit_is_not_written_under_it():
-    verdict = {"name": "error_rate", "measured": 0.0012, "limit": "<= 0.001", "passed": False}
-    assert tables.measured(verdict, lambda measured: f"{measured:.2f}") == "0.0012"
-
-
-def test_a_whole_millisecond_figure_over_its_limit_shows_the_decimal_that_misses_it():
-    verdict = {"name": "p99_ms", "measured": 100.4, "limit": "<= 100.2", "passed": False}
-    assert tables.measured(verdict, lambda measured: f"{measured:.0f}") == "100.4"
-
-
 def test_a_markdown_cell_that_would_open_an_html_tag_is_escaped():
     assert tables.markdown(["label"], [["<neg>"]])[2] == "| \\<neg> |"
 
 
 def test_a_markdown_cell_with_a_comparison_is_left_as_it_is():
     assert tables.markdown(["wanted"], [["<= 0.001"]])[2] == "| <= 0.001 |"
-
-
-def test_a_measured_figure_far_below_its_decimals_is_written_with_an_exponent():
-    verdict = {"name": "error_rate", "measured": 1e-300, "limit": "<= 0", "passed": False}
-    assert tables.measured(verdict, lambda measured: f"{measured:.2f}") == "1e-300"
